@@ -1,0 +1,53 @@
+"""The name → constructor table behind :func:`leakagelib.models.build`.
+
+Each zoo module decorates its builders with :func:`register`; the package's
+``__init__`` imports every module so that the table is complete on import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+Builder = Callable[..., nn.Module]
+
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Register ``fn(in_shape, num_classes, **options) -> nn.Module`` under ``name``."""
+
+    def decorate(fn: Builder) -> Builder:
+        if name in _BUILDERS:
+            raise ValueError(f"model name {name!r} is registered twice")
+        _BUILDERS[name] = fn
+        return fn
+
+    return decorate
+
+
+def available() -> list[str]:
+    """The names :func:`build` accepts, sorted."""
+    return sorted(_BUILDERS)
+
+
+def build(
+    name: str,
+    in_shape: tuple[int, int, int] = (3, 32, 32),
+    num_classes: int = 10,
+    **options,
+) -> nn.Module:
+    """Build zoo model ``name`` for inputs of shape ``in_shape`` = (C, H, W).
+
+    ``options`` are the model's own switches (``bias``, ``width``, ...); each
+    builder's docstring lists them. Unknown names raise a ``KeyError`` that
+    lists the known ones.
+    """
+    if name not in _BUILDERS:
+        raise KeyError(f"unknown model {name!r}; available models: {', '.join(available())}")
+    if len(in_shape) != 3 or any(int(s) <= 0 for s in in_shape):
+        raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+    return _BUILDERS[name](tuple(int(s) for s in in_shape), int(num_classes), **options)

@@ -1,0 +1,114 @@
+"""Experiment records: provenance, atomic JSON writing and validated reading.
+
+A record is ``{"experiment": ID, "scale": "ci"|"paper", "rows": [...],
+"provenance": {...}}`` plus any extra series an experiment returns (see
+:mod:`leakagelib.experiments.registry`). Paper-scale records live in
+``results/``; the chapters read them with :func:`read_record`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REQUIRED_KEYS = ("experiment", "scale", "rows", "provenance")
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
+
+
+def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]:
+    """Where and how a record was made: commit, versions, device, seed, wall time."""
+    import numpy
+    import torch
+
+    from . import __version__
+
+    return {
+        "commit": _git_commit(),
+        "leakagelib": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "device": device,
+        "device_name": _device_name(device),
+        "seed": seed,
+        "wall_seconds": round(wall_seconds, 3),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    """Turn tensors, numpy scalars and non-finite floats into plain JSON values."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # torch.Tensor, numpy array or scalar
+        return _jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def write_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``record`` as JSON to ``path`` atomically (temporary file, then rename).
+
+    An interrupted run never leaves a half-written record behind, and an
+    existing record is only replaced by a complete new one.
+    """
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks the keys {missing}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_jsonable(record), indent=1, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_record(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a record written by :func:`write_record`, checking its shape."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a valid JSON record: {err}") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not a record: expected a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"{path} is not a record: it lacks the keys {missing}")
+    if not isinstance(record["rows"], list) or not all(isinstance(r, dict) for r in record["rows"]):
+        raise ValueError(f"{path} is not a record: 'rows' must be a list of objects")
+    return record
