@@ -156,7 +156,9 @@ def available() -> list[str]:
 def get(id: str) -> Experiment:
     """The experiment registered under ``id``."""
     if id not in _EXPERIMENTS:
-        raise KeyError(f"unknown experiment {id!r}; available experiments: {', '.join(available())}")
+        raise KeyError(
+            f"unknown experiment {id!r}; available experiments: {', '.join(available())}"
+        )
     return _EXPERIMENTS[id]
 
 

@@ -1,0 +1,77 @@
+"""Experiment records: atomic writing, validated reading, the experiment registry."""
+
+import json
+import math
+
+import pytest
+
+from leakagelib.experiments import registry
+from leakagelib.records import read_record, write_record
+
+
+def record(**extra):
+    return {"experiment": "x/y", "scale": "ci", "rows": [{"a": 1.0}], "provenance": {}, **extra}
+
+
+def test_write_then_read_roundtrip_with_non_finite_values(tmp_path):
+    path = write_record(record(rows=[{"psnr": math.inf, "v": float("nan")}]), tmp_path / "r.json")
+    back = read_record(path)
+    assert back["rows"] == [{"psnr": "inf", "v": None}]
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_failed_write_keeps_the_old_record(tmp_path):
+    path = write_record(record(), tmp_path / "r.json")
+    with pytest.raises(TypeError):
+        write_record(record(rows=[{"bad": object()}]), path)
+    assert read_record(path)["rows"] == [{"a": 1.0}]
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_malformed_records_are_rejected(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid JSON record"):
+        read_record(bad)
+    bad.write_text(json.dumps({"experiment": "x", "rows": []}))
+    with pytest.raises(ValueError, match="lacks the keys"):
+        read_record(bad)
+    bad.write_text(json.dumps(record(rows=[1, 2])))
+    with pytest.raises(ValueError, match="list of objects"):
+        read_record(bad)
+    with pytest.raises(ValueError, match="lacks the keys"):
+        write_record({"rows": []}, tmp_path / "x.json")
+
+
+def test_registry_checks_ids_rows_and_scales():
+    @registry.experiment("test/rows", row_keys=("a", "b"))
+    def _bad(ctx):
+        """Returns a row without b."""
+        return [{"a": 1}]
+
+    try:
+        with pytest.raises(RuntimeError, match="lacks the keys \\['b'\\]"):
+            registry.run("test/rows")
+        with pytest.raises(ValueError, match="registered twice"):
+            registry.experiment("test/rows", row_keys=())(_bad)
+        with pytest.raises(ValueError, match="unknown scale"):
+            registry.run("test/rows", scale="huge")
+    finally:
+        registry._EXPERIMENTS.pop("test/rows")
+    with pytest.raises(KeyError, match="unknown experiment 'no/such'"):
+        registry.get("no/such")
+
+
+def test_data_overrides_parse_and_resolve(monkeypatch):
+    assert registry.parse_data_overrides(["mnist=a.npz", " cifar10 = b.npz "]) == {
+        "mnist": "a.npz",
+        "cifar10": "b.npz",
+    }
+    with pytest.raises(ValueError, match="LOGICAL=SPEC"):
+        registry.parse_data_overrides(["mnist"])
+    monkeypatch.setenv(registry.DATA_ENV, "mnist=/tmp/m.npz")
+    assert registry.env_data_overrides() == {"mnist": "/tmp/m.npz"}
+    ctx = registry.Context(scale="ci", data={"cifar10": "c.npz"})
+    assert ctx.resolve("cifar10") == "c.npz"
+    assert ctx.resolve("mnist") == "digits28"
+    assert registry.Context(scale="paper").resolve("mnist") == "mnist"
