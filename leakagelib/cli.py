@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import data, models
-from .records import write_record
+from .records import record_filename, write_record
 
 
 def _fmt(value: Any) -> str:
@@ -63,7 +63,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     print(format_table(record["rows"]))
-    out = args.out or f"{args.id.replace('/', '-')}.{args.scale}.json"
+    out = args.out or record_filename(args.id).replace(".json", f".{args.scale}.json")
     path = write_record(record, out)
     wall = record["provenance"]["wall_seconds"]
     print(f"\n{len(record['rows'])} rows in {wall:.1f} s; record written to {path}")

@@ -112,3 +112,22 @@ def read_record(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(record["rows"], list) or not all(isinstance(r, dict) for r in record["rows"]):
         raise ValueError(f"{path} is not a record: 'rows' must be a list of objects")
     return record
+
+
+#: The repository's folder of paper-scale records (present in a checkout, absent in a wheel).
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def record_filename(experiment_id: str) -> str:
+    """``"bayes/table2"`` → ``"bayes-table2.json"``: the name of its record in ``results/``."""
+    return experiment_id.replace("/", "-") + ".json"
+
+
+def paper_record(experiment_id: str, results_dir: str | os.PathLike | None = None) -> dict | None:
+    """The paper-scale record of ``experiment_id`` from ``results/``, or ``None`` if there is none.
+
+    Chapters show it beside the paper's numbers and their own ci-scale run; a
+    record that exists but is malformed raises (see :func:`read_record`).
+    """
+    path = Path(results_dir or RESULTS_DIR) / record_filename(experiment_id)
+    return read_record(path) if path.exists() else None

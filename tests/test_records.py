@@ -75,3 +75,15 @@ def test_data_overrides_parse_and_resolve(monkeypatch):
     assert ctx.resolve("cifar10") == "c.npz"
     assert ctx.resolve("mnist") == "digits28"
     assert registry.Context(scale="paper").resolve("mnist") == "mnist"
+
+
+def test_paper_record_reads_results_or_returns_none(tmp_path):
+    from leakagelib.records import paper_record, record_filename
+
+    assert record_filename("bayes/table2") == "bayes-table2.json"
+    assert paper_record("bayes/table2", tmp_path) is None
+    write_record(record(experiment="bayes/table2"), tmp_path / "bayes-table2.json")
+    assert paper_record("bayes/table2", tmp_path)["experiment"] == "bayes/table2"
+    (tmp_path / "bayes-table2.json").write_text("[]")
+    with pytest.raises(ValueError, match="not a record"):
+        paper_record("bayes/table2", tmp_path)
