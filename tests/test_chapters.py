@@ -61,11 +61,15 @@ def test_chapter_follows_the_book_conventions(path: Path):
     assert first.startswith("# "), "a chapter opens with its title"
     assert "objectives" in first.lower(), "a chapter states its learning objectives up front"
     code = [c for c in cells if c["cell_type"] == "code"]
-    assert "parameters" in code[0]["metadata"].get("tags", []), "first code cell is tagged parameters"
+    assert "parameters" in code[0]["metadata"].get("tags", []), (
+        "first code cell is tagged parameters"
+    )
     assert 'SCALE = "ci"' in "".join(code[0]["source"])
     assert any("remove-cell" in c["metadata"].get("tags", []) for c in code), "claims are asserted"
     text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert "## Exercises" in text and ":class: dropdown" in text, "exercises with dropdown solutions"
+    assert "## Exercises" in text and ":class: dropdown" in text, (
+        "exercises with dropdown solutions"
+    )
     for c in code:
         src = "".join(c["source"])
         assert not src.rstrip().endswith(";"), "end plot cells with plt.show(), not ';'"
@@ -87,7 +91,10 @@ def test_chapter_executes_at_ci_scale(path: Path, tmp_path: Path):
     assert done.returncode == 0, done.stderr[-4000:]
     executed = json.loads(out.read_text())
     errors = [
-        o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"
+        o
+        for c in executed["cells"]
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
     ]
     assert not errors
 

@@ -25,7 +25,9 @@ def test_list_names_models_datasets_and_experiments():
 
 def test_reproduce_bias_attack_writes_a_record_and_recovers_the_images(tmp_path, capsys):
     out = tmp_path / "bias.json"
-    assert main(["reproduce", "intro/bias-attack", "--scale", "ci", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(["reproduce", "intro/bias-attack", "--scale", "ci", "--out", str(out), "--quiet"]) == 0
+    )
     printed = capsys.readouterr().out
     assert "psnr" in printed and "record written" in printed
     record = read_record(out)
@@ -47,7 +49,15 @@ def test_reproduce_honours_a_data_override(tmp_path, capsys):
         labels=np.arange(8, dtype=np.int64),
     )
     out = tmp_path / "r.json"
-    args = ["reproduce", "intro/bias-attack", "--data", f"mnist={path}", "--out", str(out), "--quiet"]
+    args = [
+        "reproduce",
+        "intro/bias-attack",
+        "--data",
+        f"mnist={path}",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(args) == 0
     assert json.loads(out.read_text())["data"]["mnist"] == str(path)
 
