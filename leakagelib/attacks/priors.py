@@ -1,0 +1,218 @@
+"""Priors log p(x): what the attacker believes about inputs before seeing g.
+
+The second half of the Bayes paper's objective ``log p(g | x) + β log p(x)``
+(§4, Table 1). Each prior maps a job's candidate inputs ``x`` (shape
+``n × ...``: one or more images, or vectors for the synthetic study) to a
+scalar ``log p(x)`` up to a constant, averaged over the ``n`` inputs as the
+authors' code does. All are pure tensor functions (vmap/grad safe).
+
+* :class:`Uniform` — constant (DLG);
+* :class:`TotalVariation` — anisotropic total variation (Inverting Gradients,
+  the Bayes attack);
+* :class:`GaussianPrior`, :class:`LaplacePrior` — the synthetic study of §6;
+* :class:`PixelRange` — the term of Appendix A.4 that pulls de-normalised
+  pixels into [0, 1];
+* :class:`WeightedSum` — ``Σ wᵢ log pᵢ(x)``; priors add and scale with ``+``
+  and ``*``, so A.4's ``φ·L_TV + (1 − φ)·L_[0,1]`` reads as written;
+* :func:`gradinversion` — TV plus an ℓ2 image norm (GradInversion's
+  combination without its BatchNorm-statistics term).
+
+Used by the chapters "Existing attacks are approximations" and "Bayes versus
+heuristics under defenses".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GaussianPrior",
+    "LaplacePrior",
+    "PixelRange",
+    "Prior",
+    "TotalVariation",
+    "Uniform",
+    "WeightedSum",
+    "gradinversion",
+]
+
+
+class Prior(ABC):
+    """An (unnormalised) log-density over a job's inputs ``x`` (``n × ...``)."""
+
+    @abstractmethod
+    def log_prob(self, x: Tensor) -> Tensor:
+        """``log p(x)`` up to a constant, a scalar (mean over the ``n`` inputs)."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, object]:
+        """Name and parameters, for experiment rows and the Table 1 chapter."""
+
+    def __add__(self, other: Prior) -> WeightedSum:
+        return WeightedSum.of(self) + WeightedSum.of(other)
+
+    def __rmul__(self, weight: float) -> WeightedSum:
+        return WeightedSum(((float(weight), self),))
+
+
+@dataclass(frozen=True)
+class Uniform(Prior):
+    """The uniform (improper) prior: ``log p(x) = 0`` (DLG, Table 1)."""
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        return x.sum() * 0.0
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "uniform"}
+
+
+@dataclass(frozen=True)
+class TotalVariation(Prior):
+    """Anisotropic total variation: ``-Σ (|Δₕx|^p + |Δ_w x|^p)`` per image, averaged.
+
+    ``power=1`` is the anisotropic TV of Inverting Gradients; ``power=2`` sums
+    squared neighbour differences, which is what the Bayes authors' code
+    computes for its "total variation" (eth-sri/bayes-framework-leakage,
+    utils/measures.py) and what the Bayes preset uses. Inputs must be images
+    ``n × C × H × W``.
+    """
+
+    power: int = 1
+
+    def __post_init__(self) -> None:
+        if self.power not in (1, 2):
+            raise ValueError(f"power must be 1 or 2, got {self.power}")
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"total variation needs images n×C×H×W, got shape {tuple(x.shape)}")
+        dh = x[:, :, 1:, :] - x[:, :, :-1, :]
+        dw = x[:, :, :, 1:] - x[:, :, :, :-1]
+        if self.power == 1:
+            tv = dh.abs().sum((1, 2, 3)) + dw.abs().sum((1, 2, 3))
+        else:
+            tv = dh.pow(2).sum((1, 2, 3)) + dw.pow(2).sum((1, 2, 3))
+        return -tv.mean()
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "tv", "power": self.power}
+
+
+@dataclass(frozen=True)
+class GaussianPrior(Prior):
+    """``N(mean, std²)`` per coordinate: ``-Σ (x − mean)² / (2 std²)``, averaged over inputs."""
+
+    mean: float = 0.0
+    std: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.std > 0:
+            raise ValueError(f"std must be positive, got {self.std}")
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        z = (x - self.mean).reshape(x.shape[0], -1)
+        return -(z.pow(2).sum(1) / (2.0 * self.std**2)).mean()
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "gaussian", "mean": self.mean, "std": self.std}
+
+
+@dataclass(frozen=True)
+class LaplacePrior(Prior):
+    """``Lap(mean, b)`` per coordinate: ``-Σ |x − mean| / b``, averaged over inputs."""
+
+    mean: float = 0.0
+    b: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.b > 0:
+            raise ValueError(f"b must be positive, got {self.b}")
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        z = (x - self.mean).reshape(x.shape[0], -1)
+        return -(z.abs().sum(1) / self.b).mean()
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "laplace", "mean": self.mean, "b": self.b}
+
+
+@dataclass(frozen=True)
+class PixelRange(Prior):
+    """Appendix A.4's pixel-range term: ``-‖u − clip(u, 0, 1)‖²``, u = de-normalised x.
+
+    ``mean`` and ``std`` are the per-channel normalisation constants of the
+    attacked inputs (``normalizer.mean``, ``normalizer.std``). The paper writes
+    the ℓ2 norm; the authors' code squares it (eth-sri/bayes-framework-leakage,
+    utils/flax_losses.py, ``clip_prior``), and so do we.
+    """
+
+    mean: Sequence[float] = (0.0,)
+    std: Sequence[float] = (1.0,)
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
+            raise ValueError("mean and std need one entry per channel and std must be positive")
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"the pixel-range prior needs images n×C×H×W, got {tuple(x.shape)}")
+        shape = (1, -1, 1, 1)
+        mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).reshape(shape)
+        std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).reshape(shape)
+        u = x * std + mean
+        return -(u - u.clamp(0.0, 1.0)).pow(2).sum((1, 2, 3)).mean()
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "pixel-range"}
+
+
+@dataclass(frozen=True)
+class WeightedSum(Prior):
+    """``Σ wᵢ log pᵢ(x)`` over ``terms = ((w₁, p₁), (w₂, p₂), ...)``."""
+
+    terms: tuple[tuple[float, Prior], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError("a weighted sum of priors needs at least one term")
+        for w, p in self.terms:
+            if not isinstance(p, Prior):
+                raise TypeError(f"prior terms must be Prior instances, got {type(p).__name__}")
+            if w < 0:
+                raise ValueError(f"prior weights must be non-negative, got {w}")
+
+    @staticmethod
+    def of(prior: Prior) -> WeightedSum:
+        """``prior`` as a weighted sum (itself if it already is one)."""
+        return prior if isinstance(prior, WeightedSum) else WeightedSum(((1.0, prior),))
+
+    def __add__(self, other: Prior) -> WeightedSum:
+        return WeightedSum(self.terms + WeightedSum.of(other).terms)
+
+    def __rmul__(self, weight: float) -> WeightedSum:
+        return WeightedSum(tuple((float(weight) * w, p) for w, p in self.terms))
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        return sum(w * p.log_prob(x) for w, p in self.terms)
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "sum", "terms": [{"weight": w, **p.describe()} for w, p in self.terms]}
+
+
+def gradinversion(tv: float = 1e-4, l2: float = 1e-6) -> WeightedSum:
+    """GradInversion's image prior without its BatchNorm term: ``tv·TV + l2·‖x‖²``.
+
+    Yin et al. (2021) add a DeepInversion term matching BatchNorm statistics;
+    the networks of this library's Bayes chapters have no BatchNorm, so that
+    term is absent. The default weights are illustrative starting points for
+    the hyper-parameter search (:mod:`leakagelib.attacks.search`), not values
+    from that paper; the ℓ2 term is a Gaussian prior with ``1/(2 std²) = 1``.
+    """
+    if tv < 0 or l2 < 0:
+        raise ValueError("prior weights must be non-negative")
+    return WeightedSum(((tv, TotalVariation(power=1)), (l2, GaussianPrior(std=2**-0.5))))
