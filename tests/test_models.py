@@ -225,3 +225,15 @@ def test_per_sample_gradients_under_vmap(name, in_shape, options):
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         for k, p in model.named_parameters():
             torch.testing.assert_close(batched[k][i], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_build_inserts_a_bottleneck_on_request() -> None:
+    plain = build("cvb-cnn", (3, 32, 32), 10)
+    cvb = build("cvb-cnn", (3, 32, 32), 10, bottleneck="cvb")
+    precode = build("cvb-cnn", (3, 32, 32), 10, bottleneck="precode@1")
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert "cvb" in dict(cvb.named_children()) and "precode" in dict(precode.named_children())
+    assert 0 < count(cvb) - count(plain) < count(precode) - count(plain)
+    assert cvb(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="unknown bottleneck kind"):
+        build("cvb-cnn", (3, 32, 32), 10, bottleneck="vae")

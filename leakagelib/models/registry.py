@@ -36,13 +36,19 @@ def build(
     name: str,
     in_shape: tuple[int, int, int] = (3, 32, 32),
     num_classes: int = 10,
+    *,
+    bottleneck: str | dict | None = None,
     **options,
 ) -> nn.Module:
     """Build zoo model ``name`` for inputs of shape ``in_shape`` = (C, H, W).
 
     ``options`` are the model's own switches (``bias``, ``width``, ...); each
-    builder's docstring lists them. Unknown names raise a ``KeyError`` that
-    lists the known ones.
+    builder's docstring lists them. ``bottleneck`` inserts a variational
+    bottleneck — ``"cvb"``, ``"precode"``, ``"cvb@2"``, or a dict with ``kind``,
+    ``position`` and the module's options — as
+    :func:`leakagelib.bottlenecks.apply_bottleneck_option` describes (the
+    chapter on variational bottlenecks uses it). Unknown names raise a
+    ``KeyError`` that lists the known ones.
     """
     if name not in _BUILDERS:
         raise KeyError(f"unknown model {name!r}; available models: {', '.join(available())}")
@@ -50,4 +56,10 @@ def build(
         raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
-    return _BUILDERS[name](tuple(int(s) for s in in_shape), int(num_classes), **options)
+    shape = tuple(int(s) for s in in_shape)
+    model = _BUILDERS[name](shape, int(num_classes), **options)
+    if bottleneck is None:
+        return model
+    from ..bottlenecks import apply_bottleneck_option  # bottlenecks import the zoo's staging
+
+    return apply_bottleneck_option(model, bottleneck, shape)
