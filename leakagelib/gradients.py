@@ -166,7 +166,8 @@ def per_sample_updates(
     """Each image's own gradient, stacked: every tensor gains a leading N dimension.
 
     One vectorised program (``vmap`` over ``grad``), no Python loop over
-    samples; DP-SGD clips these before it averages them.
+    samples; DP-SGD clips these before it averages them. Models with a
+    variational bottleneck draw independent noise for each image.
     """
     _check_batch(images, labels, loss)
     gradient = functional_gradient(model, loss=loss)
@@ -174,7 +175,8 @@ def per_sample_updates(
     def one(params: Update, x: Tensor, y: Tensor) -> Update:
         return gradient(params, x.unsqueeze(0), y.unsqueeze(0))
 
-    return vmap(one, in_dims=(None, 0, 0))(params_of(model), images, labels)
+    # randomness="different": a stochastic bottleneck samples fresh noise for every image
+    return vmap(one, in_dims=(None, 0, 0), randomness="different")(params_of(model), images, labels)
 
 
 def check_update(model: nn.Module, update: Update) -> None:

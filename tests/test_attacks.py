@@ -353,3 +353,32 @@ def test_search_prefers_a_working_beta_over_a_crushing_one():
     assert found.best["l2"].beta < 1.0 and found.best["l1"].beta < 1.0
     assert {r["stage"] for r in found.rows} == {"log-beta", "linear-beta", "grid"}
     assert len(found.rows) == 2 * 2 + 2 * 2 + 2 * 2
+
+
+def test_given_initial_points_start_the_attack_there():
+    """R-GAP → DLG starts from given images: one vanishing step leaves them in place."""
+    net, x, y, ups = _problem(1)
+    start = torch.rand(1, *x.shape[1:])
+    cfg = AttackConfig(steps=1, lr=1e-9)
+    got = reconstruct(
+        net,
+        {k: v[0] for k, v in ups.items()},
+        labels=y[:1],
+        likelihood=Gaussian(),
+        prior=Uniform(),
+        config=cfg,
+        input_shape=tuple(x.shape[1:]),
+        initial=start,
+    )
+    torch.testing.assert_close(got.images[0, 0], start)
+    with pytest.raises(ValueError, match="initial must have shape"):
+        reconstruct(
+            net,
+            {k: v[0] for k, v in ups.items()},
+            labels=y[:1],
+            likelihood=Gaussian(),
+            prior=Uniform(),
+            config=cfg,
+            input_shape=tuple(x.shape[1:]),
+            initial=torch.rand(2, 1, *x.shape[1:]),
+        )

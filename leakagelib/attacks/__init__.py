@@ -74,6 +74,7 @@ def reconstruct(
     device: str | torch.device | None = None,
     callback: Callable[[int, Tensor], None] | None = None,
     progress: bool = False,
+    initial: Tensor | None = None,
 ) -> AttackResult:
     """Reconstruct the inputs behind ``shared_update`` by maximising the log posterior.
 
@@ -92,6 +93,8 @@ def reconstruct(
       ``likelihood`` and ``prior`` may then be sequences with one entry per setting.
     * ``bounds``: per-channel box ``(lo, hi)`` in input space
       (:func:`image_bounds`), used by ``config.box`` and the uniform init.
+    * ``initial``: given starting points instead of ``config.init`` —
+      ``n × input shape``, or ``N × n × input shape`` when stacked (R-GAP → DLG).
 
     Returns an :class:`AttackResult` whose ``images`` are ``H × N × n × ...``
     in the model's input space (``H = len(settings)``, ``N = 1`` unless
@@ -130,6 +133,8 @@ def reconstruct(
         num_images = labels.shape[1]
     if num_images is None or num_images < 1:
         raise ValueError("give labels, or num_images with config.optimize_labels")
+    if initial is not None and not stacked:
+        initial = initial.unsqueeze(0)
     return run_attack(
         model,
         observed,
@@ -146,4 +151,5 @@ def reconstruct(
         device=device,
         callback=callback,
         progress=progress,
+        initial=initial,
     )

@@ -256,6 +256,7 @@ def run_attack(
     device: str | torch.device | None = None,
     callback: Callable[[int, Tensor], None] | None = None,
     progress: bool = False,
+    initial: Tensor | None = None,
 ) -> AttackResult:
     """Run ``H × N × R`` attacks in one batched program (see the module docstring).
 
@@ -265,7 +266,9 @@ def run_attack(
     is called after every step with the detached iterates ``H × N × R × n × ...``
     (for per-step curves). ``likelihood`` may be a sequence with one
     likelihood per setting, so that different attacks (Bayes, ℓ2, ℓ1, cosine)
-    on the same updates run in one program; likewise ``prior``. Prefer :func:`leakagelib.attacks.reconstruct`, which
+    on the same updates run in one program; likewise ``prior``. ``initial``
+    (``N × n × input shape``) replaces ``config.init`` with given starting
+    points — R-GAP's output for R-GAP → DLG (R-GAP paper §5). Prefer :func:`leakagelib.attacks.reconstruct`, which
     also accepts a single update and fills these arguments in.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -338,22 +341,31 @@ def run_attack(
 
         if k == 1:
             return one(x + d[0])
-        return vmap(one)(x.unsqueeze(0) + d).mean()
+        return vmap(one, randomness="different")(x.unsqueeze(0) + d).mean()
 
     choice = torch.cat([choice, prior_choice], dim=1)
     argnums = (0, 1) if config.optimize_labels else 0
     step_fn = grad_and_value(objective, argnums=argnums)
     # restarts: x, z, d vary; setting-level and update-level inputs are shared
-    f = vmap(step_fn, in_dims=(0, 0, None, None, None, None, None, 0))
-    f = vmap(f, in_dims=(0, 0, 0, 0, None, None, None, 0))  # updates: N
-    f = vmap(f, in_dims=(0, 0, None, None, 0, 0, 0, 0))  # settings: H
+    # randomness="different": a stochastic model (PRECODE, CVB) draws its own noise in every
+    # attack, as independent clients would; deterministic models are unaffected
+    f = vmap(step_fn, in_dims=(0, 0, None, None, None, None, None, 0), randomness="different")
+    f = vmap(f, in_dims=(0, 0, 0, 0, None, None, None, 0), randomness="different")  # updates: N
+    f = vmap(f, in_dims=(0, 0, None, None, 0, 0, 0, 0), randomness="different")  # settings: H
 
     shape = (H, N, R, n, *input_shape)
     d_in = n * math.prod(input_shape)
     lo_hi = None if bounds is None else tuple(b.to(device) for b in bounds)
     # common random numbers: every setting starts from the same iterates and sees the same
     # ball samples, so settings (and attacks) are compared on equal terms
-    x = _initial(config, (1, *shape[1:]), lo_hi, gen, device).expand(shape).clone()
+    if initial is None:
+        x = _initial(config, (1, *shape[1:]), lo_hi, gen, device).expand(shape).clone()
+    elif tuple(initial.shape) != (N, n, *input_shape):
+        raise ValueError(
+            f"initial must have shape {(N, n, *input_shape)}, got {tuple(initial.shape)}"
+        )
+    else:
+        x = initial.to(device, torch.float32)[None, :, None].expand(shape).clone()
     z = (
         torch.randn((1, N, R, n, num_classes), generator=gen)
         .to(device)

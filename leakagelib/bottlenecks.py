@@ -1,0 +1,585 @@
+"""Variational bottlenecks inserted into a model: PRECODE and the Convolutional Variational Bottleneck.
+
+A variational bottleneck (VB) encodes the features ``z`` it receives into a
+Gaussian ``q(b | z) = N(μ(z), σ(z)²)``, draws ``b = μ + σ·ε`` with fresh noise
+``ε ~ N(0, I)`` on every forward pass (the reparameterisation trick), and
+decodes ``b`` back to the shape of ``z``; the training loss gains
+``β·KL(q(b | z) ‖ N(0, I))``. Because ``ε`` changes on every pass, the gradients
+of the decoder and of every layer after it are stochastic — which is what stops
+an optimisation attack, and why ignoring those layers breaks PRECODE (CVB
+paper §III).
+
+* :class:`PRECODE` (Scheliga et al. 2022): fully connected. The features are
+  flattened, a ``Linear`` encoder gives ``2K`` statistics (mean, and a standard
+  deviation through softplus), a ``Linear`` decoder maps the ``K`` samples
+  back. Parameters grow with the feature size.
+* :class:`CVB` (Scheliga et al., CVB paper §IV): two bias-free ``k×k`` same-padded
+  convolutions give the mean and standard-deviation maps with ``K`` channels,
+  a ``1×1`` convolution decodes back to ``C`` channels. Parameters
+  ``2·k²·C·K + K·C`` do not depend on the feature map's height and width.
+
+:func:`insert_bottleneck` places a bottleneck at a position of a zoo model,
+:func:`apply_bottleneck_option` is what ``models.build(..., bottleneck=spec)``
+calls, :func:`kl_loss` is the term training adds, and
+:func:`attacked_parameters` lists the layers the "ignore" attack reads (those
+before the first stochastic decoder). Used by the chapters "Breaking heuristic
+defenses" and "Variational bottlenecks".
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "CVB",
+    "PRECODE",
+    "TokenGrid",
+    "VariationalBottleneck",
+    "adaptive_size",
+    "apply_bottleneck_option",
+    "attacked_parameters",
+    "bottlenecks",
+    "insert_bottleneck",
+    "kl_loss",
+    "stage_count",
+    "stochastic_parameters",
+]
+
+Factory = Callable[[tuple[int, ...]], nn.Module]
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2d)
+_RESHAPES = (nn.Flatten, nn.Unflatten)
+
+
+def adaptive_size(channels: int) -> int:
+    """The bottleneck size ``K`` the CVB authors call "adaptive": half the channels, or 8 below 8.
+
+    Value from the authors' code (dAI-SY-Group/ConvolutionalVariationalBottleneck,
+    src/models/modules.py, ``K == 'adaptive'``): ``C // 2`` when ``C >= 8``, else 8.
+    It also reproduces the added-parameter counts of the CVB paper's Table II for
+    bias-free PRECODE at positions 1–3 of its CNN (K = 8, 16, 32).
+    """
+    if channels < 1:
+        raise ValueError(f"channels must be positive, got {channels}")
+    return channels // 2 if channels >= 8 else 8
+
+
+class VariationalBottleneck(nn.Module):
+    """Base of the bottlenecks: remembers the last KL term and counts its parameters.
+
+    Subclasses set ``self.last_kl`` (the un-weighted KL divergence of the last
+    forward pass, a scalar) and implement ``forward``. ``kl_term()`` is
+    ``β·last_kl``, the quantity :func:`kl_loss` adds to the training loss.
+    """
+
+    beta: float
+    last_kl: Tensor | None
+
+    def __init__(self, beta: float) -> None:
+        super().__init__()
+        if not beta >= 0:
+            raise ValueError(f"beta must be non-negative, got {beta}")
+        self.beta = float(beta)
+        self.last_kl = None
+
+    @property
+    def added_parameters(self) -> int:
+        """The number of trainable parameters this module adds to the model."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def kl_term(self) -> Tensor:
+        """``β · KL`` of the last forward pass; raises if there was none."""
+        if self.last_kl is None:
+            raise RuntimeError(f"{type(self).__name__} has not run a forward pass yet")
+        return self.beta * self.last_kl
+
+    def decoder_parameter_names(self) -> list[str]:
+        """Names (relative to this module) of the decoder's parameters — the first stochastic ones."""
+        return [f"decoder.{n}" for n, _ in self.decoder.named_parameters()]
+
+
+class PRECODE(VariationalBottleneck):
+    """PRECODE's fully connected variational bottleneck of size ``K``.
+
+    ``in_shape`` is the shape of the features it receives (without the batch
+    dimension), any rank: they are flattened to ``D = prod(in_shape)``. The
+    encoder is ``Linear(D, 2K)``; the first ``K`` outputs are the mean, the last
+    ``K`` pass through softplus to give the standard deviation; the decoder is
+    ``Linear(K, D)`` and the output is reshaped to ``in_shape``. Defaults
+    ``K = 256`` and ``β = 1e-3`` are PRECODE's (CVB paper §II-C3). ``K`` may be
+    ``"adaptive"`` (:func:`adaptive_size` of the channel count ``in_shape[0]``),
+    which with ``bias=False`` is the configuration whose parameter counts the
+    CVB paper's Table II reports.
+
+    The KL divergence to N(0, I) is the exact Gaussian one, summed over the
+    ``K`` dimensions, averaged over the batch and expressed in bits (divided by
+    ln 2), as in the PRECODE family's reference bottleneck (a public copy,
+    ``VariationalBottleneck.loss``: "KLD to standard normal distribution").
+    """
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        K: int | str = 256,
+        *,
+        beta: float = 1e-3,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(beta)
+        self.in_shape = _shape(in_shape, "in_shape")
+        self.K = _size(K, self.in_shape[0])
+        features = math.prod(self.in_shape)
+        self.encoder = nn.Linear(features, 2 * self.K, bias=bias)
+        self.decoder = nn.Linear(self.K, features, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if tuple(x.shape[1:]) != self.in_shape:
+            raise ValueError(
+                f"PRECODE was built for features of shape {self.in_shape}, got {tuple(x.shape[1:])}"
+            )
+        stats = self.encoder(x.flatten(1))
+        mu, raw = stats[:, : self.K], stats[:, self.K :]
+        std = F.softplus(raw)
+        sample = mu + std * torch.randn_like(std)
+        kl = 0.5 * (mu.pow(2) + std.pow(2) - 1.0 - 2.0 * std.clamp_min(1e-12).log())
+        self.last_kl = kl.sum(dim=1).mean() / math.log(2.0)
+        return self.decoder(sample).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"in_shape={self.in_shape}, K={self.K}, beta={self.beta}"
+
+
+class CVB(VariationalBottleneck):
+    """The Convolutional Variational Bottleneck (CVB paper §IV, Fig. 8).
+
+    Input: feature maps ``B×C×H×W`` (``in_channels = C``). The mean map
+    ``μ = conv_μ(z)`` and the standard-deviation map
+    ``σ = softplus(clip(conv_σ(z), −5, 5))`` come from two bias-free ``k×k``
+    convolutions with ``K`` output channels and "same" zero padding; the sample
+    ``b = μ + σ·ε`` goes through a bias-free ``1×1`` decoder convolution back to
+    ``C`` channels, so the output has the input's shape and the module fits at
+    any position.
+
+    ``K`` defaults to :func:`adaptive_size` of ``C``; ``scale = s`` sets
+    ``K = round(s·C)`` instead (the paper's bottleneck scale, Fig. 9c).
+    Defaults ``kernel_size = 5`` and ``β = 0.1`` are the CVB paper's choice for its
+    CNN (§VI-A; values from the authors' code, configs/models/CNNCVB.yaml; the
+    ViT uses k = 3, β = 0.1 and the ResNet-18 k = 5, β = 5e-5, same folder). The
+    clip to [−5, 5] before softplus is also the authors' (src/models/modules.py).
+
+    ``kl`` chooses the regulariser. ``"gaussian"`` (default) is the exact
+    ``KL(N(μ, σ²) ‖ N(0, 1))`` the paper names (Eq. 3). ``"reference"`` is the
+    term the authors' code evaluates, ``−½ Σ (1 + σ − μ² − e^σ)``, i.e. the
+    closed form with the softplus output in the place of the log-variance
+    (non-negative too, but minimal at σ → 0 rather than σ = 1); use it to match
+    their training runs. Both are summed over channels and averaged over batch
+    and positions, as in the authors' code.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        K: int | str | None = None,
+        *,
+        scale: float | None = None,
+        kernel_size: int = 5,
+        beta: float = 0.1,
+        bias: bool = False,
+        kl: str = "gaussian",
+    ) -> None:
+        super().__init__(beta)
+        if isinstance(in_channels, (tuple, list, torch.Size)):
+            in_channels = int(in_channels[0])
+        if int(in_channels) < 1:
+            raise ValueError(f"in_channels must be positive, got {in_channels}")
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be a positive odd integer, got {kernel_size}")
+        if kl not in ("gaussian", "reference"):
+            raise ValueError(f"kl must be 'gaussian' or 'reference', got {kl!r}")
+        if K is not None and scale is not None:
+            raise ValueError("give the bottleneck size K or its scale, not both")
+        self.in_channels = int(in_channels)
+        if scale is not None:
+            if not scale > 0:
+                raise ValueError(f"scale must be positive, got {scale}")
+            self.K = max(1, round(scale * self.in_channels))
+        else:
+            self.K = _size("adaptive" if K is None else K, self.in_channels)
+        self.kernel_size = int(kernel_size)
+        self.kl = kl
+        c, k = self.in_channels, self.kernel_size
+        self.mu_encoder = nn.Conv2d(c, self.K, k, padding="same", bias=bias)
+        self.std_encoder = nn.Conv2d(c, self.K, k, padding="same", bias=bias)
+        self.decoder = nn.Conv2d(self.K, c, 1, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"CVB expects B×{self.in_channels}×H×W feature maps, got shape {tuple(x.shape)}"
+            )
+        mu = self.mu_encoder(x)
+        std = F.softplus(self.std_encoder(x).clamp(-5.0, 5.0))
+        sample = mu + std * torch.randn_like(std)
+        if self.kl == "gaussian":
+            kl = 0.5 * (mu.pow(2) + std.pow(2) - 1.0 - 2.0 * std.clamp_min(1e-12).log())
+        else:
+            kl = -0.5 * (1.0 + std - mu.pow(2) - std.exp())
+        self.last_kl = kl.sum(dim=1).mean()
+        return self.decoder(sample)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_channels={self.in_channels}, K={self.K}, kernel_size={self.kernel_size}, "
+            f"beta={self.beta}, kl={self.kl!r}"
+        )
+
+
+class TokenGrid(nn.Module):
+    """Run a convolutional bottleneck on transformer tokens by viewing them as a grid.
+
+    Tokens ``B×N×D`` with ``D = h²`` are reshaped to ``B×N×h×h`` — the token
+    (patch) dimension becomes the channels — passed through ``bottleneck`` and
+    reshaped back, as the CVB paper does for its ViT (§VI-D; hidden size 256 =
+    16²).
+    """
+
+    def __init__(self, bottleneck: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        side = math.isqrt(hidden_size)
+        if side * side != hidden_size:
+            raise ValueError(
+                f"a token grid needs a square hidden size, got {hidden_size} (CVB paper §VI-D)"
+            )
+        self.side = side
+        self.bottleneck = bottleneck
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[2] != self.side**2:
+            raise ValueError(f"TokenGrid expects B×N×{self.side**2} tokens, got {tuple(x.shape)}")
+        b, n, d = x.shape
+        return self.bottleneck(x.reshape(b, n, self.side, self.side)).reshape(b, n, d)
+
+
+def _shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    out = tuple(int(s) for s in shape)
+    if not out or any(s < 1 for s in out):
+        raise ValueError(f"{what} must be a non-empty shape of positive sizes, got {shape!r}")
+    return out
+
+
+def _size(K: int | str, channels: int) -> int:
+    if K == "adaptive":
+        return adaptive_size(channels)
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(
+            f"the bottleneck size K must be a positive integer or 'adaptive', got {K!r}"
+        )
+    return K
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def bottlenecks(model: nn.Module) -> list[tuple[str, VariationalBottleneck]]:
+    """The model's variational bottlenecks with their qualified names, in registration order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, VariationalBottleneck)]
+
+
+def kl_loss(model: nn.Module) -> Tensor:
+    """The sum of ``β · KL`` over the model's bottlenecks after a forward pass (0 without any).
+
+    Training adds it to the cross-entropy (CVB paper Eq. 3); :mod:`leakagelib.fl`
+    does so automatically.
+    """
+    terms = [m.kl_term() for _, m in bottlenecks(model)]
+    if not terms:
+        p = next(model.parameters(), None)
+        return torch.zeros((), device=p.device if p is not None else None)
+    return torch.stack(terms).sum()
+
+
+def stochastic_parameters(model: nn.Module) -> list[str]:
+    """Names of the parameters whose gradients the bottleneck's sampling makes stochastic.
+
+    These are the first bottleneck's decoder and every parameter registered after
+    it; in a model built by :func:`insert_bottleneck` registration order is
+    forward order. Empty when the model has no bottleneck.
+    """
+    found = bottlenecks(model)
+    if not found:
+        return []
+    name, module = found[0]
+    first = {f"{name}.{d}" if name else d for d in module.decoder_parameter_names()}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    start = min(i for i, n in enumerate(names) if n in first)
+    return names[start:]
+
+
+def attacked_parameters(model: nn.Module) -> list[str]:
+    """The parameters the "ignore" attack reads: all before the first stochastic decoder.
+
+    CVB paper §III-B, Eq. 4: the gradients of the decoder and of all
+    subsequent layers are omitted. Pass the list to
+    ``leakagelib.attacks.likelihoods.LayerSelection(include=...)``.
+    """
+    skip = set(stochastic_parameters(model))
+    return [n for n, p in model.named_parameters() if p.requires_grad and n not in skip]
+
+
+def _is_stage(module: nn.Module) -> bool:
+    """A stage starts at a top-level child with parameters that is not a normalisation layer."""
+    has_params = any(True for _ in module.parameters())
+    return has_params and not isinstance(module, _NORMS) and not _is_bottleneck(module)
+
+
+def _is_bottleneck(module: nn.Module) -> bool:
+    return isinstance(module, (VariationalBottleneck, TokenGrid))
+
+
+def stage_count(model: nn.Module) -> int:
+    """How many stages (integer positions 1..n) a sequential model has."""
+    _require_sequential(model)
+    return sum(_is_stage(m) for m in model.children())
+
+
+def _require_sequential(model: nn.Module) -> None:
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(
+            f"integer bottleneck positions need an nn.Sequential model, got {type(model).__name__}; "
+            "name the child to insert after instead (e.g. position='blocks.0')"
+        )
+
+
+def _insertion_index(model: nn.Sequential, position: int) -> int:
+    """Index in ``model`` where a bottleneck at integer ``position`` goes.
+
+    Position 0 is the input (after a leading parameter-free input check, before
+    any flatten). Position p ≥ 1 is right after stage p — its main
+    layer together with the parameter-free modules and normalisation layers
+    that follow it (activation, pooling, dropout, batch norm) — and before any
+    flatten, so that a CVB after the last convolution still sees a feature map.
+    """
+    children = list(model.children())
+    n_stages = sum(_is_stage(m) for m in children)
+    if not 0 <= position <= n_stages:
+        raise ValueError(
+            f"position must be between 0 and {n_stages} for this model, got {position}"
+        )
+    if position == 0:  # on the input, after any leading input check (no parameters)
+        j = 0
+        while j < len(children) and not _is_stage(children[j]) and not _is_bottleneck(children[j]):
+            if isinstance(children[j], _RESHAPES) or any(True for _ in children[j].parameters()):
+                break
+            j += 1
+        return j
+    seen = 0
+    for i, child in enumerate(children):
+        if _is_stage(child):
+            seen += 1
+            if seen == position:
+                j = i + 1
+                while j < len(children) and not _is_stage(children[j]):
+                    if isinstance(children[j], _RESHAPES) or _is_bottleneck(children[j]):
+                        break
+                    j += 1
+                return j
+    raise AssertionError("unreachable: position was checked against the stage count")
+
+
+def _resolve(model: nn.Module, position: int | str) -> tuple[nn.Sequential, int]:
+    """The sequential container and the index at which to insert."""
+    if isinstance(position, bool):
+        raise TypeError("position must be an int or a child name, not a bool")
+    if isinstance(position, int):
+        _require_sequential(model)
+        return model, _insertion_index(model, position)
+    if not isinstance(position, str) or not position:
+        raise TypeError(f"position must be an int or a child name, got {position!r}")
+    parent_path, _, child = position.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if not isinstance(parent, nn.Sequential):
+        raise TypeError(
+            f"cannot insert after {position!r}: its parent {parent_path or 'model'!r} is a "
+            f"{type(parent).__name__}, not an nn.Sequential"
+        )
+    names = [n for n, _ in parent.named_children()]
+    if child not in names:
+        raise KeyError(f"{parent_path or 'model'!r} has no child {child!r}; children: {names}")
+    return parent, names.index(child) + 1
+
+
+def _probe(
+    model: nn.Module, parent: nn.Sequential, index: int, in_shape: Sequence[int]
+) -> tuple[int, ...]:
+    """Shape (without batch) of the features at ``parent``'s insertion ``index``."""
+    children = list(parent.children())
+    captured: dict[str, tuple[int, ...]] = {}
+
+    if index == 0:
+
+        def pre(_m: nn.Module, args: tuple[Any, ...]) -> None:
+            captured["shape"] = tuple(args[0].shape[1:])
+
+        handle = children[0].register_forward_pre_hook(pre)
+    else:
+
+        def post(_m: nn.Module, _a: tuple[Any, ...], out: Tensor) -> None:
+            captured["shape"] = tuple(out.shape[1:])
+
+        handle = children[index - 1].register_forward_hook(post)
+    was_training = model.training
+    model.eval()
+    try:
+        p = next(model.parameters(), None)
+        x = torch.zeros(2, *in_shape, device=p.device if p is not None else None)
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    if "shape" not in captured:
+        raise RuntimeError("the probe pass never reached the insertion point")
+    return captured["shape"]
+
+
+def insert_bottleneck(
+    model: nn.Module,
+    module: nn.Module | Factory,
+    position: int | str,
+    *,
+    in_shape: Sequence[int] | None = None,
+    name: str = "bottleneck",
+) -> nn.Module:
+    """A copy of ``model`` with ``module`` inserted at ``position``; ``model`` is unchanged.
+
+    ``position`` is an integer stage (0 = on the input, p = after the p-th
+    parametrised layer with its activation/pooling/normalisation; the CVB
+    paper's numbering for its CNN) for an ``nn.Sequential`` model, or the dotted
+    name of a child of any ``nn.Sequential`` inside the model to insert after
+    (``"layer1"`` in a ResNet, ``"blocks.0"`` in a ViT). Child names are kept, so
+    parameter names of the original layers do not change.
+
+    ``module`` is a ready module, or a factory ``shape -> module`` called with the
+    features' shape at that point (probed with a forward pass of zeros of
+    ``in_shape``, which a factory requires): e.g. ``lambda s: CVB(s[0])``. When
+    the features are transformer tokens ``N×D`` and the factory builds a
+    :class:`CVB`, it is called with the grid shape ``(N, √D, √D)`` and wrapped in
+    :class:`TokenGrid` (CVB paper §VI-D).
+    """
+    model = copy.deepcopy(model)
+    parent, index = _resolve(model, position)
+    if isinstance(module, nn.Module):
+        block = copy.deepcopy(module)
+    elif callable(module):
+        if in_shape is None:
+            raise ValueError(
+                "a bottleneck factory needs in_shape (C, H, W) to probe the feature shape"
+            )
+        shape = _probe(model, parent, index, _shape(in_shape, "in_shape"))
+        block = module(shape)
+        if isinstance(block, CVB) and len(shape) == 2:
+            side = math.isqrt(shape[1])
+            if side * side != shape[1]:
+                raise ValueError(
+                    f"tokens of width {shape[1]} cannot be viewed as a square grid for a CVB"
+                )
+            block = TokenGrid(module((shape[0], side, side)), shape[1])
+        elif isinstance(block, CVB) and len(shape) != 3:
+            raise ValueError(
+                f"a CVB needs C×H×W feature maps or N×D tokens, got features of shape {shape}"
+            )
+        if not isinstance(block, nn.Module):
+            raise TypeError(
+                f"the bottleneck factory returned {type(block).__name__}, not an nn.Module"
+            )
+    else:
+        raise TypeError(f"module must be an nn.Module or a factory, got {type(module).__name__}")
+    items = list(parent.named_children())
+    taken = {n for n, _ in items}
+    unique, k = name, 1
+    while unique in taken:
+        k += 1
+        unique = f"{name}{k}"
+    items.insert(index, (unique, block))
+    rebuilt = nn.Sequential(OrderedDict(items))
+    if parent is model:
+        return rebuilt
+    grand_path, _, attr = _path_of(model, parent).rpartition(".")
+    setattr(model.get_submodule(grand_path) if grand_path else model, attr, rebuilt)
+    return model
+
+
+def _path_of(model: nn.Module, target: nn.Module) -> str:
+    for n, m in model.named_modules():
+        if m is target:
+            return n
+    raise AssertionError("unreachable: the container belongs to the model")
+
+
+_KINDS = ("precode", "cvb")
+
+
+def _parse_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, str):
+        kind, _, pos = spec.partition("@")
+        out: dict[str, Any] = {"kind": kind.strip().lower()}
+        if pos:
+            parts = [p.strip() for p in pos.split(",") if p.strip()]
+            out["position"] = [int(p) if p.lstrip("-").isdigit() else p for p in parts]
+        return out
+    if isinstance(spec, dict):
+        if "kind" not in spec:
+            raise KeyError(
+                f"a bottleneck spec needs a 'kind' ({' or '.join(_KINDS)}), got {spec!r}"
+            )
+        return dict(spec)
+    raise TypeError(
+        f"a bottleneck spec is a string like 'cvb@1' or a dict, got {type(spec).__name__}"
+    )
+
+
+def apply_bottleneck_option(
+    model: nn.Module, spec: str | dict[str, Any] | None, in_shape: Sequence[int]
+) -> nn.Module:
+    """Insert the bottleneck(s) a ``bottleneck=`` option of ``models.build`` asks for.
+
+    ``spec`` is ``None``/``"none"`` (no change), a string ``"cvb"``,
+    ``"precode"``, ``"cvb@1"``, ``"cvb@1,2"`` or ``"cvb@layer1"``, or a dict
+    ``{"kind": "cvb", "position": 1 | "layer1" | [1, 2], **options}`` whose other
+    keys go to :class:`CVB` (``K``, ``scale``, ``kernel_size``, ``beta``,
+    ``bias``, ``kl``) or :class:`PRECODE` (``K``, ``beta``, ``bias``). Default
+    positions: CVB at 1 (the CVB paper's choice), PRECODE before the last
+    layer (PRECODE's own default: between the last feature layer and the
+    classifier). Several positions insert one bottleneck each, the latest first
+    so that earlier positions keep their meaning. The inserted child is named
+    after the kind (``cvb``, ``precode``), or ``cvb_1``, ``cvb_2``, ... for several.
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "none"):
+        return model
+    opts = _parse_spec(spec)
+    kind = str(opts.pop("kind")).lower()
+    if kind not in _KINDS:
+        raise ValueError(f"unknown bottleneck kind {kind!r}; use one of {_KINDS}")
+    position = opts.pop("position", None)
+    if position is None:
+        position = 1 if kind == "cvb" else stage_count(model) - 1
+    positions = list(position) if isinstance(position, (list, tuple)) else [position]
+    ints = sorted((p for p in positions if isinstance(p, int)), reverse=True)
+    names = [p for p in positions if not isinstance(p, int)]
+
+    def factory(shape: tuple[int, ...]) -> nn.Module:
+        if kind == "cvb":
+            return CVB(shape[0], **opts)
+        return PRECODE(shape, **opts)
+
+    for pos in ints + names:
+        label = kind if len(positions) == 1 else f"{kind}_{str(pos).replace('.', '_')}"
+        model = insert_bottleneck(model, factory, pos, in_shape=in_shape, name=label)
+    return model

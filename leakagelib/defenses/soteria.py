@@ -1,0 +1,157 @@
+"""Soteria: prune the gradient of one layer where the representation leaks the most.
+
+Sun et al. (2021) perturb the representation ``r`` that enters a chosen fully
+connected layer ``l`` (Bayes paper §5, Eq. 4). Their code computes, for every
+feature ``f`` of ``r``,
+
+    ρ_f = Σ_b ‖∂r_{b,f} / ∂X_b‖₂ / (r_{b,f} + 0.1),
+
+the size of the input change a unit change of the feature needs, relative to
+the feature, summed over the batch. The features whose ``ρ_f`` lies below the
+``pruning_rate`` percentile are the ones an attacker can move the input with
+the least: their columns of the layer's *weight* gradient are zeroed, and the
+other layers are sent unchanged (jeremy313/Soteria,
+GS_attack/reconstruct_image.py; the ``+ 0.1`` and the percentile rule are
+from there, as is the default rate 80 % the Bayes paper uses, A.1).
+
+The Bayes paper breaks it by dropping the defended layer from the likelihood
+(§5; A.5 Eq. 6): :meth:`Soteria.likelihood` is that attack, and when the
+defended layer is unknown the attacker runs it once per layer
+(:func:`layer_drop_likelihoods`). Used by the chapter "Breaking heuristic
+defenses" and the experiment ``bayes/fig2-training``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection, Likelihood
+from ..gradients import Update, client_update
+from .base import GradientDefense
+
+__all__ = ["Soteria", "layer_drop_likelihoods", "soteria_scores"]
+
+
+def _representation(model: nn.Module, layer: str, images: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x, r)``: the input (requiring grad) and the flattened input of ``layer`` on it."""
+    module = model.get_submodule(layer)
+    if not isinstance(module, nn.Linear):
+        raise TypeError(
+            f"Soteria defends a fully connected layer; {layer!r} is a {type(module).__name__}"
+        )
+    captured: dict[str, Tensor] = {}
+
+    def hook(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
+        captured["r"] = args[0]
+
+    handle = module.register_forward_pre_hook(hook)
+    x = images.detach().clone().requires_grad_(True)
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    return x, captured["r"].reshape(x.shape[0], -1)
+
+
+def soteria_scores(model: nn.Module, images: Tensor, layer: str, *, chunk: int = 256) -> Tensor:
+    """ρ_f for every input feature of ``layer`` (a vector of the layer's ``in_features``).
+
+    The Jacobian rows ``∂r_f/∂X`` are computed in batched backward passes
+    (``is_grads_batched``), ``chunk`` features at a time, instead of the
+    reference code's loop of one backward pass per feature.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be N×C×H×W, got shape {tuple(images.shape)}")
+    x, r = _representation(model, layer, images)
+    n, width = r.shape
+    scores = torch.empty(width, dtype=r.dtype, device=r.device)
+    for lo in range(0, width, chunk):
+        hi = min(lo + chunk, width)
+        basis = torch.zeros(hi - lo, n, width, dtype=r.dtype, device=r.device)
+        basis[torch.arange(hi - lo), :, torch.arange(lo, hi)] = 1.0
+        (jac,) = torch.autograd.grad(
+            r, x, grad_outputs=basis, is_grads_batched=True, retain_graph=True
+        )
+        norms = jac.reshape(hi - lo, n, -1).norm(dim=2)  # (features, batch)
+        scores[lo:hi] = (norms / (r[:, lo:hi].detach().T + 0.1)).sum(dim=1)
+    return scores
+
+
+class Soteria(GradientDefense):
+    """Soteria on the fully connected layer ``layer`` (its module name) at ``pruning_rate``.
+
+    The mask depends on the client's data, so the defense runs in two steps:
+    :meth:`fit` (or :meth:`defend`, which also computes the update) derives the
+    feature mask from the model and the images, and :meth:`apply` zeroes the
+    masked columns of ``layer``'s weight gradient in an update.
+    """
+
+    def __init__(self, layer: str, pruning_rate: float = 0.8) -> None:
+        if not 0.0 <= pruning_rate < 1.0:
+            raise ValueError(f"pruning_rate must be in [0, 1), got {pruning_rate}")
+        self.layer = layer
+        self.pruning_rate = float(pruning_rate)
+        self.mask: Tensor | None = None
+
+    def fit(self, model: nn.Module, images: Tensor) -> Tensor:
+        """Compute and keep the 0/1 feature mask (1 = gradient column kept)."""
+        scores = soteria_scores(model, images, self.layer)
+        thresh = torch.quantile(scores.abs().double(), self.pruning_rate).to(scores.dtype)
+        self.mask = (scores.abs() >= thresh).to(scores.dtype)
+        return self.mask
+
+    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
+        """Zero the masked input columns of the defended layer's weight gradient."""
+        if self.mask is None:
+            raise RuntimeError("call Soteria.fit(model, images) (or defend) before apply")
+        key = f"{self.layer}.weight"
+        if key not in update:
+            raise KeyError(f"the update has no gradient {key!r} for the defended layer")
+        if update[key].shape[-1] != self.mask.numel():
+            raise ValueError(
+                f"the mask has {self.mask.numel()} features, {key!r} has {update[key].shape[-1]} inputs"
+            )
+        out = dict(update)
+        out[key] = update[key] * self.mask.to(update[key].device, update[key].dtype)
+        return out
+
+    def defend(
+        self, model: nn.Module, images: Tensor, labels: Tensor, *, loss: str = "ce"
+    ) -> Update:
+        """The shared update of a Soteria client: fit the mask, compute the update, prune it."""
+        self.fit(model, images)
+        return self.apply(client_update(model, images, labels, loss=loss))
+
+    def likelihood(self, kind: str = "cosine") -> Likelihood:
+        """The layer-drop attack: a likelihood over every layer except the defended one.
+
+        ``kind="cosine"`` is the Bayes paper's experimental setting (A.1: cosine
+        similarity, all other gradients weighted equally); ``"gaussian"`` is the
+        per-layer Gaussian of A.5, Eq. 6.
+        """
+        return _drop(self.layer, kind)
+
+    def describe(self) -> dict[str, Any]:
+        return {"defense": "soteria", "layer": self.layer, "pruning_rate": self.pruning_rate}
+
+
+def _drop(layer: str, kind: str) -> Likelihood:
+    prefix = f"{layer}."
+    selection = LayerSelection(include=lambda name: not name.startswith(prefix))
+    if kind == "cosine":
+        return Cosine(layers=selection)
+    if kind == "gaussian":
+        return Gaussian(layers=selection)
+    raise ValueError(f"kind must be 'cosine' or 'gaussian', got {kind!r}")
+
+
+def layer_drop_likelihoods(model: nn.Module, kind: str = "cosine") -> dict[str, Likelihood]:
+    """One layer-drop likelihood per fully connected layer, for an attacker who does not know
+    which layer Soteria defends (Bayes paper §5: "simply run the attack for all")."""
+    layers = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not layers:
+        raise ValueError("the model has no fully connected layer Soteria could defend")
+    return {name: _drop(name, kind) for name in layers}

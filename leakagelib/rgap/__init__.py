@@ -1,0 +1,27 @@
+"""R-GAP and rank analysis (Zhu & Blaschko, ICLR 2021).
+
+* :mod:`.constraints` — per-layer gradient, weight and padding constraints as
+  sparse float64 matrices built from the layer's geometry;
+* :mod:`.mu` — μ from ⟨∇w, w⟩ by exact root-finding (both roots: twin data);
+* :mod:`.recursive` — the recursive attack (:func:`rgap`);
+* :mod:`.solve` — the structured least-squares solvers behind it;
+* :mod:`.rank` — the rank analysis index RA-i, the critical layer, residual
+  blocks, and the exact per-layer rank;
+* :mod:`.hgap` — H-GAP and DLG in R-GAP's logistic setting.
+
+Chapters "Closed-form attacks", "Rank analysis" and "Twin data" use them.
+"""
+
+from .mu import mu_dl_dmu, mu_roots
+from .rank import RankAnalysis, exact_ranks, rank_analysis
+from .recursive import RGAPResult, rgap
+
+__all__ = [
+    "RGAPResult",
+    "RankAnalysis",
+    "exact_ranks",
+    "mu_dl_dmu",
+    "mu_roots",
+    "rank_analysis",
+    "rgap",
+]

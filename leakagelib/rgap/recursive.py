@@ -1,0 +1,282 @@
+"""R-GAP: the recursive, closed-form gradient attack (Zhu & Blaschko 2021, Algorithm 1).
+
+For a network with one output logit trained with the logistic loss
+ℓ = log(1 + e^{-μ}), μ = y·f(x), the attack runs from the last layer to the first:
+
+1. ``c = ⟨∇w_d, w_d⟩`` (plus ``∇b_d·b_d`` with a bias) equals μ·ℓ'(μ)
+   (equation 9); :func:`~leakagelib.rgap.mu.mu_roots` solves it for μ exactly,
+   giving the output ``z_d = μ/y`` and ``k_d = ∂ℓ/∂z_d = -y/(1 + e^μ)``.
+2. At layer i, with ``k_i = ∂ℓ/∂z_i`` and the pre-activation ``z_i`` known, the
+   input ``x_i`` satisfies the weight constraints ``W_i x_i = z_i`` and the
+   gradient constraints ``K_i x_i = vec(∇W_i)`` (equations 15–16); the stacked
+   sparse system is solved by least squares.
+3. ``x_i`` is the previous layer's activation output: inverting the activation
+   gives ``z_{i-1}`` and ``σ'``, and ``k_{i-1} = (W_iᵀ k_i) ⊙ σ'`` (equation 13).
+
+Everything runs in float64 on the untrained network. When μ is not unique
+(c ∈ (C_MIN, 0)) both roots are followed: one gives the real image, the other
+its *twin* (Appendix B), which produces exactly the same update. Chapter
+"Closed-form attacks" derives each step; "Twin data" uses the two roots.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.special import expit
+from torch import Tensor, nn
+
+from ..gradients import Update, check_update
+from .chain import Stage, chain_of, inverse
+from .constraints import (
+    LayerConstraints,
+    gradient_block,
+    gradient_rhs,
+    layer_constraints,
+    weight_matrix,
+)
+from .mu import mu_roots
+from .solve import (
+    Solution,
+    exact_rank,
+    least_squares,
+    projected_solve,
+    split_gradient,
+    weight_only_solve,
+)
+
+__all__ = ["SOLVERS", "LayerReport", "RGAPResult", "rgap", "select_candidate"]
+
+
+@dataclass
+class LayerReport:
+    """How one layer's system went: its size, residual and (optionally) rank."""
+
+    name: str
+    unknowns: int
+    weight_rows: int
+    gradient_rows: int
+    residual: float
+    solver: str
+    rank: int | None = None
+    condition: float | None = None
+
+    @property
+    def full_rank(self) -> bool | None:
+        """Whether the stacked constraints determine the layer's input (None if not measured)."""
+        return None if self.rank is None else self.rank == self.unknowns
+
+
+@dataclass
+class RGAPResult:
+    """R-GAP's reconstruction, with every μ-candidate (real and twin) it followed."""
+
+    image: Tensor
+    mu: float
+    layers: list[LayerReport]
+    candidates: list[Tensor] = field(default_factory=list)
+    mus: tuple[float, ...] = ()
+    seconds: float = 0.0
+
+
+def _signed_label(label: int | float | Tensor) -> float:
+    y = float(label.item() if isinstance(label, Tensor) else label)
+    if y not in (-1.0, 1.0):
+        raise ValueError(f"R-GAP's logistic loss takes a label y in {{-1, +1}}, got {label!r}")
+    return y
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+def _bias_map(stage: Stage, model_params: dict[str, Tensor]) -> np.ndarray:
+    """The bias broadcast over the layer's output (zeros without a bias)."""
+    n_out = int(np.prod(stage.out_shape))
+    key = stage.bias_key
+    if key is None:
+        return np.zeros(n_out)
+    b = _numpy(model_params[key])
+    per = n_out // b.size
+    return np.repeat(b, per)
+
+
+SOLVERS = ("auto", "stacked", "dense")
+
+#: Largest number of free directions (C_in × dim null(B)) for which the projected
+#: dense solve is used; beyond it the sparse stacked solve is cheaper.
+PROJECTED_MAX_FREE = 4000
+
+
+def _solve_layer(system: LayerConstraints, k: np.ndarray, solver: str) -> Solution:
+    """Solve one layer's constraints by the fastest exact route (see :mod:`.solve`)."""
+    geom = system.geometry
+    if solver == "auto":
+        block = gradient_block(geom, k)
+        hw = geom.height * geom.width
+        split = None
+        if block.shape[0] >= hw:  # B can have full column rank only if it is tall
+            split = split_gradient(block, gradient_rhs(geom, system.grad))
+        if split is not None and split.null.shape[1] == 0:
+            return _finish(system, Solution(split.particular.T.ravel(), "per-channel"))
+        x = weight_only_solve(system.weight, system.z)
+        if x is not None:
+            return _finish(system, Solution(x, "weight-only"))
+        if split is None and geom.in_channels * (hw - block.shape[0]) <= PROJECTED_MAX_FREE:
+            split = split_gradient(block, gradient_rhs(geom, system.grad))
+        if split is not None and geom.in_channels * split.null.shape[1] <= PROJECTED_MAX_FREE:
+            x, rank = projected_solve(system.weight, system.z, split, geom.in_channels)
+            return _finish(system, Solution(x, "projected", rank=rank))
+        sol = least_squares(system.matrix, system.rhs)
+    else:
+        sol = least_squares(system.matrix, system.rhs, dense=solver == "dense")
+    return _finish(system, sol)
+
+
+def _finish(system: LayerConstraints, sol: Solution) -> Solution:
+    """Attach the relative residual of the layer's full stacked system."""
+    a, b = system.matrix, system.rhs
+    sol.residual = float(np.linalg.norm(a @ sol.x - b) / max(np.linalg.norm(b), 1e-300))
+    return sol
+
+
+def _recurse(
+    stages: list[Stage],
+    params: dict[str, Tensor],
+    update: Update,
+    k: np.ndarray,
+    z: np.ndarray,
+    *,
+    solver: str,
+    diagnostics: bool,
+    fc_weight_constraints: bool,
+) -> tuple[np.ndarray, list[LayerReport]]:
+    """Run steps 2–3 from the last stage down to the input; return x_1 and reports."""
+    reports: list[LayerReport] = []
+    known = np.ones(z.shape, dtype=bool)
+    x = z
+    for idx in range(len(stages) - 1, -1, -1):
+        stage = stages[idx]
+        geom = stage.geometry
+        weight = _numpy(params[stage.weight_key])
+        rows = known
+        if isinstance(stage.layer, nn.Linear) and not fc_weight_constraints:
+            rows = np.zeros_like(known)
+        system = layer_constraints(
+            geom,
+            weight,
+            k,
+            z - _bias_map(stage, params),
+            _numpy(update[stage.weight_key]),
+            weight_rows=rows,
+        )
+        sol = _solve_layer(system, k, solver)
+        x = sol.x
+        if diagnostics:
+            sol.rank, sol.condition = exact_rank(system.matrix)
+        reports.append(
+            LayerReport(
+                name=stage.name,
+                unknowns=geom.n_in,
+                weight_rows=int(system.weight.shape[0]),
+                gradient_rows=int(system.gradient.shape[0]),
+                residual=sol.residual,
+                solver=sol.solver,
+                rank=sol.rank,
+                condition=sol.condition,
+            )
+        )
+        if idx == 0:
+            break
+        prev = stages[idx - 1]
+        z, slope, known = inverse(prev.activation, x)
+        back = weight_matrix(geom, weight).T @ k
+        k = back * slope
+    reports.reverse()
+    return x, reports
+
+
+def select_candidate(candidates: list[Tensor]) -> int:
+    """Index of the candidate whose dynamic range is closest to [0, 1]'s.
+
+    Twin data are a scaled copy of the real image (Appendix B) and produce the
+    same update, so no gradient can tell them apart; a prior must. Images in
+    [0, 1] span most of that range, so the candidate with max − min closest to
+    1 (on a log scale) is taken as the real one.
+    """
+    if not candidates:
+        raise ValueError("no candidates to choose from")
+    spans = [float(c.max() - c.min()) for c in candidates]
+    scores = [abs(np.log(s)) if s > 0 else np.inf for s in spans]
+    return int(np.argmin(scores))
+
+
+def rgap(
+    model: nn.Module,
+    update: Update,
+    label: int | float | Tensor,
+    *,
+    in_shape: tuple[int, int, int],
+    mu: float | None = None,
+    solver: str = "auto",
+    diagnostics: bool = False,
+    fc_weight_constraints: bool = True,
+) -> RGAPResult:
+    """Reconstruct the input of a single-image logistic-loss ``update`` of ``model``.
+
+    ``label`` is y ∈ {-1, +1} (R-GAP assumes it known or read off the gradient's
+    sign, §3.1.1). ``mu`` skips the root-finding (e.g. to follow one root only);
+    otherwise every root is followed and ``candidates`` holds one image per
+    root, ``image`` the one :func:`select_candidate` picks. ``diagnostics`` adds
+    each layer's rank and condition number (a dense n×n Gram matrix: small nets).
+    ``fc_weight_constraints=False`` uses only the gradient constraints in fully
+    connected layers, as the authors' code does (Appendix F's batch case).
+    ``solver``: "auto" (the fastest exact route per layer, see
+    :mod:`leakagelib.rgap.solve`), "stacked" (all constraints, sparse least
+    squares) or "dense" (``np.linalg.lstsq``, the authors' choice; slow).
+    """
+    start = time.perf_counter()
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
+    y = _signed_label(label)
+    check_update(model, update)
+    stages = chain_of(model, in_shape)
+    last = stages[-1]
+    if not isinstance(last.layer, nn.Linear) or last.layer.out_features != 1:
+        raise ValueError("R-GAP's binary setting needs a last nn.Linear layer with one output")
+    if last.activation is not None and not isinstance(last.activation, nn.Identity):
+        raise ValueError("the output logit must not pass through an activation")
+    params = {n: p for n, p in model.named_parameters()}
+    c = float(np.sum(_numpy(update[last.weight_key]) * _numpy(params[last.weight_key])))
+    if last.bias_key is not None:
+        c += float(np.sum(_numpy(update[last.bias_key]) * _numpy(params[last.bias_key])))
+    mus = (float(mu),) if mu is not None else mu_roots(c)
+    candidates: list[Tensor] = []
+    reports: list[list[LayerReport]] = []
+    for m in mus:
+        out = np.array([m * y])
+        k = np.array([-y * float(expit(-m))])
+        x, rep = _recurse(
+            stages,
+            params,
+            update,
+            k,
+            out,
+            solver=solver,
+            diagnostics=diagnostics,
+            fc_weight_constraints=fc_weight_constraints,
+        )
+        candidates.append(torch.from_numpy(x.reshape(1, *in_shape)))
+        reports.append(rep)
+    best = select_candidate(candidates)
+    return RGAPResult(
+        image=candidates[best],
+        mu=mus[best],
+        layers=reports[best],
+        candidates=candidates,
+        mus=tuple(mus),
+        seconds=time.perf_counter() - start,
+    )

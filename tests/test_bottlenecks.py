@@ -1,0 +1,246 @@
+"""PRECODE, CVB, their placement in zoo models, and the gradient analysis tools."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from leakagelib import models
+from leakagelib.analysis import entry_trace, layer_cosine, similarity_trace
+from leakagelib.bottlenecks import (
+    CVB,
+    PRECODE,
+    TokenGrid,
+    adaptive_size,
+    apply_bottleneck_option,
+    attacked_parameters,
+    bottlenecks,
+    insert_bottleneck,
+    kl_loss,
+    stochastic_parameters,
+)
+from leakagelib.gradients import client_update
+
+SHAPE = (3, 32, 32)
+
+
+@pytest.fixture(scope="module")
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return models.build("cvb-cnn", in_shape=SHAPE, num_classes=10)
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_precode_parameter_counts_match_cvb_table_2(cnn: nn.Module) -> None:
+    # CVB paper Table II: the baseline CNN and bias-free PRECODE (K = C/2) at positions 3, 2, 1.
+    assert n_params(cnn) == 65_962
+    expected = {3: 72_106, 2: 104_362, 1: 141_226}
+    for pos, total in expected.items():
+        spec = {"kind": "precode", "position": pos, "K": "adaptive", "bias": False}
+        assert n_params(apply_bottleneck_option(cnn, spec, SHAPE)) == total
+
+
+def test_cvb_parameter_formula_and_fewer_than_precode(cnn: nn.Module) -> None:
+    for pos, channels in ((1, 16), (2, 32), (3, 64)):
+        with_cvb = apply_bottleneck_option(cnn, {"kind": "cvb", "position": pos}, SHAPE)
+        ((_, vb),) = bottlenecks(with_cvb)
+        k, K = 5, adaptive_size(channels)
+        assert vb.added_parameters == 2 * k * k * channels * K + K * channels
+        assert n_params(with_cvb) - n_params(cnn) == vb.added_parameters
+        for precode in (
+            {"kind": "precode", "position": pos},
+            {"kind": "precode", "position": pos, "K": "adaptive"},
+        ):
+            with_precode = apply_bottleneck_option(cnn, precode, SHAPE)
+            if pos < 3:  # at 1×1 maps (position 3) a k×k convolution has no advantage
+                assert vb.added_parameters < bottlenecks(with_precode)[0][1].added_parameters
+
+
+def test_adaptive_size_follows_the_authors_rule() -> None:
+    assert [adaptive_size(c) for c in (3, 7, 8, 16, 65)] == [8, 8, 4, 8, 32]
+    with pytest.raises(ValueError, match="positive"):
+        adaptive_size(0)
+
+
+def test_scale_sets_bottleneck_channels() -> None:
+    assert CVB(16, scale=0.25).K == 4
+    assert CVB(16, scale=2.0).K == 32
+    with pytest.raises(ValueError, match="not both"):
+        CVB(16, K=4, scale=0.5)
+
+
+@pytest.mark.parametrize("kl", ["gaussian", "reference"])
+def test_kl_terms_are_non_negative(kl: str) -> None:
+    torch.manual_seed(1)
+    vb = CVB(6, kernel_size=3, kl=kl)
+    for _ in range(3):
+        vb(3 * torch.randn(4, 6, 7, 7))
+        assert float(vb.last_kl.detach()) >= 0
+    pre = PRECODE((6, 4, 4), K=16)
+    pre(torch.randn(5, 6, 4, 4))
+    assert float(pre.last_kl.detach()) >= 0
+
+
+def test_kl_vanishes_exactly_at_the_standard_normal() -> None:
+    pre = PRECODE((10,), K=4)
+    with torch.no_grad():
+        pre.encoder.weight.zero_()
+        pre.encoder.bias[:4] = 0.0
+        pre.encoder.bias[4:] = math.log(math.e - 1.0)  # softplus → σ = 1
+    pre(torch.randn(3, 10))
+    assert abs(float(pre.last_kl.detach())) < 1e-6
+    with torch.no_grad():
+        pre.encoder.bias[:4] = 1.0  # μ = 1: KL = K·½·1² nats = 2 nats = 2/ln 2 bits
+    pre(torch.randn(3, 10))
+    assert float(pre.last_kl.detach()) == pytest.approx(2.0 / math.log(2.0), rel=1e-5)
+
+
+def test_forward_keeps_shape_and_is_stochastic(cnn: nn.Module) -> None:
+    model = apply_bottleneck_option(cnn, "cvb@1", SHAPE)
+    x = torch.rand(2, *SHAPE)
+    a, b = model(x), model(x)
+    assert a.shape == (2, 10)
+    assert not torch.allclose(a, b)
+    assert torch.equal(cnn(x), cnn(x))  # the original is untouched and deterministic
+
+
+def test_kl_loss_is_the_beta_weighted_sum(cnn: nn.Module) -> None:
+    model = apply_bottleneck_option(cnn, {"kind": "cvb", "position": [1, 2], "beta": 0.5}, SHAPE)
+    model(torch.rand(3, *SHAPE))
+    found = bottlenecks(model)
+    assert [n for n, _ in found] == ["cvb_1", "cvb_2"]
+    total = sum(0.5 * float(m.last_kl.detach()) for _, m in found)
+    assert float(kl_loss(model).detach()) == pytest.approx(total)
+    assert float(kl_loss(cnn)) == 0.0
+
+
+def test_ignore_selection_splits_at_the_decoder(cnn: nn.Module) -> None:
+    model = apply_bottleneck_option(cnn, "cvb@1", SHAPE)
+    assert attacked_parameters(model) == [
+        "conv1.conv.weight",
+        "conv1.conv.bias",
+        "cvb.mu_encoder.weight",
+        "cvb.std_encoder.weight",
+    ]
+    assert stochastic_parameters(model)[0] == "cvb.decoder.weight"
+    assert stochastic_parameters(model)[-1] == "head.bias"
+    assert stochastic_parameters(cnn) == []
+    # The gradients of the decoder and later layers change with the noise; the input is fixed.
+    x, y = torch.rand(1, *SHAPE), torch.tensor([3])
+    torch.manual_seed(0)
+    g1 = client_update(model, x, y)
+    torch.manual_seed(1)
+    g2 = client_update(model, x, y)
+    for name in stochastic_parameters(model):
+        assert not torch.allclose(g1[name], g2[name])
+
+
+def test_original_parameter_names_survive_insertion(cnn: nn.Module) -> None:
+    model = apply_bottleneck_option(cnn, "precode", SHAPE)
+    names = [n for n, _ in model.named_parameters()]
+    for n, _ in cnn.named_parameters():
+        assert n in names
+    assert [n for n, _ in model.named_children()][-3:] == ["precode", "flatten", "head"]
+
+
+def test_vit_tokens_are_reshaped_to_a_grid() -> None:
+    torch.manual_seed(0)
+    vit = models.build("vit-small", in_shape=SHAPE, num_classes=10)
+    model = apply_bottleneck_option(
+        vit, {"kind": "cvb", "position": "block1", "kernel_size": 3}, SHAPE
+    )
+    grid = model.get_submodule("cvb")
+    assert isinstance(grid, TokenGrid)
+    assert grid.bottleneck.in_channels == 65 and grid.bottleneck.K == 32 and grid.side == 16
+    assert model(torch.rand(2, *SHAPE)).shape == (2, 10)
+    with pytest.raises(ValueError, match="square"):
+        TokenGrid(CVB(65), 250)
+
+
+def test_resnet_insertion_by_stage_name() -> None:
+    torch.manual_seed(0)
+    net = models.build("resnet18", in_shape=SHAPE, num_classes=10)
+    model = apply_bottleneck_option(net, {"kind": "cvb", "position": "layer1", "beta": 5e-5}, SHAPE)
+    assert [n for n, _ in model.named_children()][2:4] == ["layer1", "cvb"]
+    assert model(torch.rand(2, *SHAPE)).shape == (2, 10)
+
+
+def test_insert_a_ready_module_and_a_factory(cnn: nn.Module) -> None:
+    ready = insert_bottleneck(cnn, CVB(16, kernel_size=3), 1)
+    assert ready.get_submodule("bottleneck").kernel_size == 3
+    on_input = insert_bottleneck(cnn, lambda s: CVB(s[0]), 0, in_shape=SHAPE)
+    assert [n for n, _ in on_input.named_children()][:3] == ["input", "bottleneck", "conv1"]
+    assert on_input(torch.rand(1, *SHAPE)).shape == (1, 10)
+
+
+def test_bad_specs_raise_clear_errors(cnn: nn.Module) -> None:
+    with pytest.raises(ValueError, match="unknown bottleneck kind"):
+        apply_bottleneck_option(cnn, "vae@1", SHAPE)
+    with pytest.raises(ValueError, match="position must be between"):
+        apply_bottleneck_option(cnn, "cvb@9", SHAPE)
+    with pytest.raises(KeyError, match="no child"):
+        apply_bottleneck_option(cnn, "cvb@conv9", SHAPE)
+    with pytest.raises(KeyError, match="kind"):
+        apply_bottleneck_option(cnn, {"position": 1}, SHAPE)
+    with pytest.raises(ValueError, match="in_shape"):
+        insert_bottleneck(cnn, lambda s: CVB(s[0]), 1)
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        insert_bottleneck(nn.Linear(3, 3), CVB(3), 1)
+    with pytest.raises(ValueError, match="C×H×W"):
+        apply_bottleneck_option(cnn, "cvb@4", SHAPE)  # after the classifier: logits, not maps
+    with pytest.raises(ValueError, match="shape"):
+        PRECODE((4,), K=2)(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="kernel_size"):
+        CVB(4, kernel_size=4)
+    assert apply_bottleneck_option(cnn, None, SHAPE) is cnn
+
+
+def test_layer_cosine_and_traces(cnn: nn.Module) -> None:
+    x, y = torch.rand(1, *SHAPE), torch.tensor([2])
+    g = client_update(cnn, x, y)
+    neg = {k: -v for k, v in g.items()}
+    assert all(v == pytest.approx(1.0) for v in layer_cosine(g, g).values())
+    assert all(v == pytest.approx(-1.0) for v in layer_cosine(g, neg).values())
+    iterates = torch.stack([torch.rand(1, *SHAPE), x])
+    trace = similarity_trace(cnn, g, iterates, y)
+    assert list(trace) == ["conv1.conv", "conv2.conv", "conv3.conv", "head"]
+    for values in trace.values():
+        assert values.shape == (2,) and values[1] == pytest.approx(1.0)
+        assert values[0] < 0.9999
+    # With a CVB the decoder's gradient at the true input no longer matches the client's.
+    model = apply_bottleneck_option(cnn, "cvb@1", SHAPE)
+    torch.manual_seed(5)
+    target = client_update(model, x, y)
+    noisy = similarity_trace(model, target, x.unsqueeze(0), y)
+    assert float(noisy["cvb.decoder"][0]) < 0.999
+    entries = entry_trace(cnn, iterates, y, {"head.weight": 0, "conv1.conv.weight": 7})
+    assert entries["head.weight"][1] == pytest.approx(float(g["head.weight"].reshape(-1)[0]))
+
+
+def test_attacks_and_per_sample_gradients_run_on_stochastic_models() -> None:
+    """vmap must let each attack and each image draw its own bottleneck noise."""
+    from leakagelib.attacks import AttackConfig, Gaussian, Uniform, reconstruct
+    from leakagelib.gradients import per_sample_updates
+
+    torch.manual_seed(0)
+    model = models.build("cvb-cnn", (3, 32, 32), 10, bottleneck="cvb")
+    x, y = torch.rand(2, 3, 32, 32), torch.tensor([1, 2])
+    ups = per_sample_updates(model, x, y)
+    assert ups["head.weight"].shape[0] == 2
+    res = reconstruct(
+        model,
+        ups,
+        labels=y,
+        likelihood=Gaussian(),
+        prior=Uniform(),
+        config=AttackConfig(steps=2, lr=0.1),
+        input_shape=(3, 32, 32),
+        stacked=True,
+    )
+    assert torch.isfinite(res.images).all()

@@ -1,0 +1,154 @@
+"""Federated averaging, centralised training and their snapshots."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leakagelib import data
+from leakagelib.bottlenecks import CVB, insert_bottleneck
+from leakagelib.defenses.compression import GradientCompression
+from leakagelib.defenses.dpsgd import DPSGD
+from leakagelib.fl import accuracy, federated_averaging, iid_split, train, training_loss
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[torch.Tensor, ...]:
+    x, y, norm = data.load("digits", split="train")
+    xt, yt, _ = data.load("digits", split="test")
+    return norm.normalize(x), y, norm.normalize(xt), yt
+
+
+def test_iid_split_is_a_partition() -> None:
+    parts = iid_split(103, 10, torch.Generator().manual_seed(0))
+    assert len(parts) == 10 and {len(p) for p in parts} <= {10, 11}
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(103))
+    with pytest.raises(ValueError, match="cannot split"):
+        iid_split(3, 5)
+
+
+def test_one_client_fedavg_equals_local_adam_training() -> None:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
+    model = mlp()
+    result = federated_averaging(
+        model, x, y, rounds=4, clients=1, batch_size=40, val_fraction=0.0, lr=1e-2, patience=None
+    )
+    reference = mlp()
+    opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    for _ in range(4):  # full batch: one Adam step per round, state kept across rounds
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for (name, a), b in zip(
+        result.model.state_dict().items(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-5), name
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), mlp().state_dict().values(), strict=True)
+    )
+
+
+def test_fedavg_of_identical_clients_equals_local_training() -> None:
+    seed, clients, per = 3, 3, 12
+    parts = iid_split(clients * per, clients, torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(2)
+    base_x, base_y = (
+        torch.randn(per, 1, 8, 8, generator=g),
+        torch.randint(0, 10, (per,), generator=g),
+    )
+    x, y = torch.empty(clients * per, 1, 8, 8), torch.empty(clients * per, dtype=torch.long)
+    for part in parts:  # every client receives the same images, in the same order
+        x[part], y[part] = base_x, base_y
+    fed = federated_averaging(
+        mlp(), x, y, rounds=3, clients=clients, batch_size=per, val_fraction=0.0, lr=1e-2,
+        patience=None, seed=seed,
+    )  # fmt: skip
+    solo = federated_averaging(
+        mlp(), base_x, base_y, rounds=3, clients=1, batch_size=per, val_fraction=0.0, lr=1e-2,
+        patience=None,
+    )  # fmt: skip
+    for a, b in zip(fed.model.state_dict().values(), solo.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_accuracy_improves_over_rounds_and_snapshots_are_kept(digits) -> None:
+    x, y, xt, yt = digits
+    result = federated_averaging(
+        mlp(),
+        x,
+        y,
+        rounds=4,
+        clients=4,
+        batch_size=32,
+        lr=3e-3,
+        test=(xt, yt),
+        snapshot_rounds=(0, 2),
+    )
+    accs = [h["test_accuracy"] for h in result.history]
+    assert len(accs) == 4 and accs[-1] > 0.8
+    initial = mlp()
+    initial.load_state_dict(result.snapshots[0])
+    assert accuracy(initial, xt, yt) < 0.3 < accs[0] <= max(accs)
+    assert sorted(result.snapshots) == [0, 2]
+    assert all(h["val_loss"] is not None for h in result.history)
+
+
+def test_early_stopping_on_validation_loss(digits) -> None:
+    x, y, _, _ = digits
+    frozen = federated_averaging(
+        mlp(), x[:200], y[:200], rounds=10, clients=2, lr=1e-12, patience=2
+    )
+    assert frozen.stopped_early and len(frozen.history) < 10
+
+
+def test_centralised_training_with_augmentation_and_snapshots(digits) -> None:
+    x, y, xt, yt = digits
+    calls = []
+
+    def augment(batch: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        calls.append(batch.shape[0])
+        return batch
+
+    result = train(
+        mlp(), x, y, steps=60, batch_size=32, lr=3e-3, augment=augment, snapshot_steps=(0, 10, 60)
+    )
+    assert len(calls) == 60 and set(calls) == {32}
+    assert sorted(result.snapshots) == [0, 10, 60]
+    assert sum(result.losses[-10:]) < sum(result.losses[:10])
+    assert accuracy(result.model, xt, yt) > 0.7
+    with pytest.raises(ValueError, match="optimizer"):
+        train(mlp(), x, y, steps=1, optimizer="rmsprop")
+
+
+def test_training_loss_adds_the_bottleneck_kl() -> None:
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
+    model = insert_bottleneck(conv, CVB(4, kernel_size=3, beta=1.0), 1)
+    x, y = torch.randn(3, 1, 8, 8), torch.tensor([1, 2, 3])
+    torch.manual_seed(0)
+    total = training_loss(model, x, y)
+    torch.manual_seed(0)
+    ce = F.cross_entropy(model(x), y)
+    kl = model.get_submodule("bottleneck").last_kl
+    assert float(total.detach()) == pytest.approx(float((ce + kl).detach()), rel=1e-5)
+    assert float(kl.detach()) > 0
+
+
+def test_gradient_defenses_act_on_every_training_step(digits) -> None:
+    x, y, _, _ = digits
+    model = mlp()
+    frozen = train(model, x, y, steps=5, defense=GradientCompression(1.0))
+    for a, b in zip(frozen.model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # every gradient entry pruned: nothing moves
+    plain = train(model, x, y, steps=5, optimizer="sgd", lr=0.1)
+    dp = train(model, x, y, steps=5, optimizer="sgd", lr=0.1, defense=DPSGD(0.0, max_grad_norm=1e6))
+    for a, b in zip(plain.model.state_dict().values(), dp.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)  # no noise, no effective clipping: plain SGD
