@@ -43,6 +43,26 @@ def _flat_features(
     return int(dry_run_shape(nn.Sequential(OrderedDict(feature_stages)), in_shape, name).numel())
 
 
+def _two_conv_features(
+    channels: int, *, second_kernel: int, bias: bool
+) -> list[tuple[str, nn.Module]]:
+    """The feature extractor shared by ``bayes-cnn`` and ``convbig``.
+
+    Conv(32, 3×3, pad 1) → ReLU → AvgPool 2 → Conv(64, k×k, pad 1) → ReLU →
+    AvgPool 2 → flatten; the two networks differ only in the second kernel.
+    """
+
+    def block(c_in: int, c_out: int, k: int) -> nn.Sequential:
+        conv = nn.Conv2d(c_in, c_out, k, padding=1, bias=bias)
+        return _seq(conv=conv, act=nn.ReLU(), pool=nn.AvgPool2d(2))
+
+    return [
+        ("conv1", block(channels, 32, 3)),
+        ("conv2", block(32, 64, second_kernel)),
+        ("flatten", nn.Flatten()),
+    ]
+
+
 @register("bayes-cnn")
 def build_bayes_cnn(
     in_shape: tuple[int, int, int],
@@ -67,26 +87,7 @@ def build_bayes_cnn(
 
     Stages: ``input``, ``conv1``, ``conv2``, ``flatten``, ``fc1``, ``fc2``.
     """
-    c = in_shape[0]
-    features = [
-        (
-            "conv1",
-            _seq(
-                conv=nn.Conv2d(c, 32, 3, padding=1, bias=bias),
-                act=nn.ReLU(),
-                pool=nn.AvgPool2d(2),
-            ),
-        ),
-        (
-            "conv2",
-            _seq(
-                conv=nn.Conv2d(32, 64, 3, padding=1, bias=bias),
-                act=nn.ReLU(),
-                pool=nn.AvgPool2d(2),
-            ),
-        ),
-        ("flatten", nn.Flatten()),
-    ]
+    features = _two_conv_features(in_shape[0], second_kernel=3, bias=bias)
     n = _flat_features(features, in_shape, "bayes-cnn")
     model = staged(
         in_shape,
@@ -125,26 +126,7 @@ def build_convbig(
 
     Stages: ``input``, ``conv1``, ``conv2``, ``flatten``, ``fc1``, ``fc2``, ``fc3``.
     """
-    c = in_shape[0]
-    features = [
-        (
-            "conv1",
-            _seq(
-                conv=nn.Conv2d(c, 32, 3, padding=1, bias=bias),
-                act=nn.ReLU(),
-                pool=nn.AvgPool2d(2),
-            ),
-        ),
-        (
-            "conv2",
-            _seq(
-                conv=nn.Conv2d(32, 64, 1, padding=1, bias=bias),
-                act=nn.ReLU(),
-                pool=nn.AvgPool2d(2),
-            ),
-        ),
-        ("flatten", nn.Flatten()),
-    ]
+    features = _two_conv_features(in_shape[0], second_kernel=1, bias=bias)
     n = _flat_features(features, in_shape, "convbig")
     model = staged(
         in_shape,
