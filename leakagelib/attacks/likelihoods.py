@@ -162,7 +162,8 @@ class Likelihood(ABC):
         return (torch.stack(terms) * weights.to(terms[0].dtype)).sum()
 
     def _terms(self, observed: Update, simulated: Update) -> list[Tensor]:
-        raise NotImplementedError
+        """Per-parameter-tensor log-likelihoods; a subclass that splits over layers defines it."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither _terms nor log_prob")
 
     def to(self, device: str | torch.device) -> Likelihood:
         """This likelihood with its tensors (if any) on ``device``."""
