@@ -244,3 +244,12 @@ def test_attacks_and_per_sample_gradients_run_on_stochastic_models() -> None:
         stacked=True,
     )
     assert torch.isfinite(res.images).all()
+
+
+def test_precode_mlp_is_broken_exactly_by_the_closed_form_attack() -> None:
+    """Bayes paper §6 (issue claim): every image through a PRECODE MLP above 100 dB."""
+    from leakagelib.experiments import run
+
+    rows = run("bayes/precode-mlp", "ci", progress=False)["rows"]
+    assert len(rows) == 8
+    assert all(r["psnr"] > 100 for r in rows), [r["psnr"] for r in rows]

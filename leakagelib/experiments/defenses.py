@@ -39,7 +39,7 @@ from ..bottlenecks import apply_bottleneck_option
 from ..defenses.ats import ATSAugmentation
 from ..defenses.soteria import Soteria
 from ..fl import train
-from ..gradients import client_update
+from ..gradients import client_update, per_sample_updates
 from .registry import Context, experiment
 
 
@@ -64,13 +64,11 @@ def precode_mlp(ctx: Context) -> list[dict]:
     model = apply_bottleneck_option(base, {"kind": "precode", "position": "fc6", "K": 256}, shape)
     model = model.to(device=ctx.device, dtype=torch.float64)
     x = norm.normalize(images).to(ctx.device, torch.float64)
-    rows = []
-    for i in range(n):  # one client per image; the bottleneck samples outside any vmap
-        update = client_update(model, x[i : i + 1], labels[i : i + 1].to(ctx.device))
-        recovered = norm.denormalize(recover_inputs_from_update(model, update, shape))
-        psnr = metrics.psnr(recovered.cpu(), images[i : i + 1].double())
-        rows.append({"image": i, "label": int(labels[i]), "psnr": float(psnr[0])})
-    return rows
+    # one client per image: per-sample updates, each with its own bottleneck noise, in one vmap
+    updates = per_sample_updates(model, x, labels.to(ctx.device))
+    recovered = norm.denormalize(recover_inputs_from_update(model, updates, shape, batched=True))
+    psnr = metrics.psnr(recovered.cpu(), images.double())
+    return [{"image": i, "label": int(labels[i]), "psnr": float(psnr[i])} for i in range(n)]
 
 
 def _ig(
