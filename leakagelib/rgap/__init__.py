@@ -7,7 +7,7 @@
 * :mod:`.solve` — the structured least-squares solvers behind it;
 * :mod:`.rank` — the rank analysis index RA-i, the critical layer, residual
   blocks, and the exact per-layer rank;
-* :mod:`.hgap` — H-GAP and DLG in R-GAP's logistic setting.
+* :mod:`.hgap` — H-GAP, DLG in R-GAP's logistic setting, and R-GAP → DLG.
 
 Chapters "Closed-form attacks", "Rank analysis" and "Twin data" use them.
 """
