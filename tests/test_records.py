@@ -87,3 +87,18 @@ def test_paper_record_reads_results_or_returns_none(tmp_path):
     (tmp_path / "bayes-table2.json").write_text("[]")
     with pytest.raises(ValueError, match="not a record"):
         paper_record("bayes/table2", tmp_path)
+
+
+def test_an_experiment_can_refine_the_data_account():
+    @registry.experiment("test/notes", row_keys=("a",))
+    def _noted(ctx):
+        """Says what it made of mnist."""
+        return {"rows": [{"a": 1}], "data": {"mnist": "digits (8×8)"}, "curves": [1, 2]}
+
+    try:
+        record = registry.run("test/notes")
+    finally:
+        registry._EXPERIMENTS.pop("test/notes")
+    assert record["data"]["mnist"] == "digits (8×8)"
+    assert record["data"]["cifar10"] == "patches"
+    assert record["curves"] == [1, 2]

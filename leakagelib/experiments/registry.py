@@ -4,7 +4,8 @@ An experiment is a plain function ``fn(ctx: Context) -> rows`` registered with
 :func:`experiment` under an id that names the paper's table or figure
 (``"bayes/table2"``). It returns a list of row dicts, or a dict with a
 ``"rows"`` list and further JSON-able entries (per-step curves, say) that are
-copied into the record. Chapters call :func:`run` with the same ids, so the
+copied into the record; a ``"data"`` entry (logical name → description)
+refines the record's account of which data stood for which dataset. Chapters call :func:`run` with the same ids, so the
 book shows exactly what the command line computes.
 """
 
@@ -195,7 +196,9 @@ def run(
         if missing:
             raise RuntimeError(f"experiment {id!r}: row {i} lacks the keys {missing}")
     record: dict[str, Any] = {"experiment": id, "scale": scale, "rows": rows}
+    notes = extras.pop("data", {})  # an experiment may say what it made of a dataset
     record.update(extras)
-    record["data"] = {k: ctx.resolve(k) for k in sorted(set(STAND_INS) | set(overrides))}
+    resolved = {k: ctx.resolve(k) for k in sorted(set(STAND_INS) | set(overrides))}
+    record["data"] = {**resolved, **notes}
     record["provenance"] = provenance(seed=seed, device=device, wall_seconds=wall)
     return record
