@@ -43,7 +43,7 @@ from ..attacks import (
 )
 from ..attacks.loop import run_attack
 from ..attacks.search import Grid, log_beta_grid, search
-from ..bayes_risk import SyntheticGaussian, defended
+from ..bayes_risk import SyntheticGaussian, defended, optimisation_adversary
 from ..defenses.base import GradientDefense
 from ..defenses.noise import GaussianNoise, LaplaceNoise, PruneNoise
 from ..gradients import per_sample_updates
@@ -489,19 +489,10 @@ def fig4_synthetic(ctx: Context) -> dict:
                 guess = xs[0, :, 0, 0].reshape(n, -1).cpu()
                 out.append(float((guess - x).norm(dim=1).mean()))
 
-            res = reconstruct(
-                task.model,
-                shared,
-                labels=y,
-                likelihood=cond,
-                prior=prior,
-                config=config,
-                input_shape=(1, 1, task.dim),
-                stacked=True,
-                generator=ctx.generator(40),
-                callback=record,
+            adversary = optimisation_adversary(
+                task, cond, prior, config, generator=ctx.generator(40), callback=record
             )
-            final = (res.images[0, :, 0].reshape(n, -1) - x).norm(dim=1)
+            final = (adversary(shared, y) - x).norm(dim=1)
             rows.append(
                 {
                     "prior": pn,

@@ -46,7 +46,7 @@ from ..defenses.base import GradientDefense
 from ..defenses.compression import GradientCompression
 from ..defenses.dpsgd import DPSGD, epsilon_spent
 from ..fl import federated_averaging
-from ..gradients import Update, client_update
+from ..gradients import Update, per_sample_updates
 from .registry import Context, experiment
 
 SHAPE = (3, 32, 32)
@@ -85,18 +85,22 @@ def shared_updates(
 ) -> Update:
     """One update per image (a victim batch of 1), stacked; defended when ``defense`` is given.
 
-    A loop over images rather than ``vmap``: the victim gradients are computed
-    once, and stochastic bottlenecks draw their noise outside any transform.
+    The undefended updates come from one vectorised call
+    (:func:`leakagelib.gradients.per_sample_updates`; a bottleneck draws
+    independent noise for every image). A defense then perturbs each image's
+    update on its own, as each client would; DP-SGD clips and noises inside
+    its own per-sample step.
     """
-    rows = []
-    for i in range(x.shape[0]):
-        if isinstance(defense, DPSGD):
-            u = defense.privatize(model, x[i : i + 1], y[i : i + 1], generator=gen)
-        else:
-            u = client_update(model, x[i : i + 1], y[i : i + 1])
-            if defense is not None:
-                u = defense.apply(u, gen)
-        rows.append(u)
+    n = x.shape[0]
+    if isinstance(defense, DPSGD):
+        rows = [
+            defense.privatize(model, x[i : i + 1], y[i : i + 1], generator=gen) for i in range(n)
+        ]
+    else:
+        per = per_sample_updates(model, x, y)
+        if defense is None:
+            return per
+        rows = [defense.apply({k: v[i] for k, v in per.items()}, gen) for i in range(n)]
     return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
 
 
