@@ -10,9 +10,11 @@ from torch import nn
 
 from leakagelib.attacks import (
     AttackConfig,
+    BatchNormStatistics,
     Cosine,
     Gaussian,
     GaussianPrior,
+    LabelAlignment,
     Laplace,
     LayerSelection,
     PixelRange,
@@ -21,6 +23,7 @@ from leakagelib.attacks import (
     TotalVariation,
     Uniform,
     WeightedSum,
+    gradinversion,
     image_bounds,
     presets,
     reconstruct,
@@ -137,6 +140,100 @@ def test_priors_values():
     assert torch.allclose(combo.log_prob(y), expect)
     with pytest.raises(ValueError, match="n×C×H×W"):
         TotalVariation().log_prob(torch.zeros(3, 4))
+
+
+def bn_net(seed: int = 0) -> nn.Module:
+    """A 1×4×4 → 3 network with one BatchNorm layer, in eval mode."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(
+        nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3)
+    )
+    return net.eval()
+
+
+def test_batchnorm_prior_is_zero_exactly_at_the_running_statistics():
+    net = bn_net().requires_grad_(False)
+    x = torch.rand(4, 1, 4, 4)
+    with torch.no_grad():
+        feats = net[0](x)  # the BatchNorm layer's input
+        net[1].running_mean.copy_(feats.mean((0, 2, 3)))
+        net[1].running_var.copy_(feats.var((0, 2, 3), unbiased=False))
+    prior = BatchNormStatistics(net)
+    assert abs(float(prior.log_prob(x))) < 1e-6
+    other = torch.rand(4, 1, 4, 4) * 3.0
+    assert float(prior.log_prob(other)) < -1e-2
+    # the penalty is the plain ℓ2 norms of the mean and variance gaps
+    f = net[0](other)
+    gap = (f.mean((0, 2, 3)) - net[1].running_mean).norm()
+    gap = gap + (f.var((0, 2, 3), unbiased=False) - net[1].running_var).norm()
+    assert torch.isclose(prior.log_prob(other), -gap, atol=1e-6)
+
+
+def test_batchnorm_prior_names_its_misuse():
+    with pytest.raises(ValueError, match="not bound"):
+        BatchNormStatistics().log_prob(torch.rand(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="no"):  # a model without BatchNorm
+        BatchNormStatistics().bind(tiny_net())
+    with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+        BatchNormStatistics(bn_net().train()).log_prob(torch.rand(2, 1, 4, 4))
+    with pytest.raises(ValueError, match="non-negative"):
+        gradinversion(bn=-1.0)
+
+
+def test_gradinversion_with_batchnorm_runs_in_the_batched_loop_and_pulls_towards_the_stats():
+    """The BN term is bound to the attacked model by the loop and differentiated under vmap."""
+    net = bn_net(1)
+    x = torch.rand(2, 1, 4, 4)
+    y = torch.tensor([0, 2])
+    ups = per_sample_updates(net, x, y)
+    kw = dict(labels=y, likelihood=Gaussian(), input_shape=(1, 4, 4), stacked=True)
+    penalty = BatchNormStatistics(net)
+
+    def bn_gap(beta: float) -> float:
+        cfg = AttackConfig(steps=40, lr=0.05, schedule="constant", beta=beta)
+        prior = gradinversion(tv=0.0, l2=0.0, bn=1.0)
+        gen = torch.Generator().manual_seed(0)
+        res = reconstruct(net, ups, prior=prior, config=cfg, generator=gen, **kw)
+        assert torch.isfinite(res.images).all()
+        return -float(penalty.log_prob(res.images[0, 0, 0].unsqueeze(0)))
+
+    assert bn_gap(10.0) < bn_gap(0.0)
+
+
+def test_label_alignment_prior_scores_agreement_with_the_label():
+    net = tiny_net()
+    x = torch.rand(3, 1, 3, 3)
+    probs = torch.softmax(net(x), -1)
+    y = torch.tensor([0, 1, 3])
+    prior = LabelAlignment(net)
+    expect = -(probs - nn.functional.one_hot(y, 4).float()).pow(2).sum(-1).mean()
+    assert torch.isclose(prior.log_prob_given(x, y), expect)
+    soft = torch.softmax(torch.randn(3, 4), -1)  # DLG's optimised soft labels
+    assert torch.isclose(prior.log_prob_given(x, soft), -(probs - soft).pow(2).sum(-1).mean())
+    # the label the network already predicts scores higher than any other
+    top = probs.argmax(-1)
+    assert float(prior.log_prob_given(x, top)) > float(prior.log_prob_given(x, (top + 1) % 4))
+    with pytest.raises(ValueError, match="labels"):
+        prior.log_prob(x)
+    with pytest.raises(ValueError, match="not bound"):
+        LabelAlignment().log_prob_given(x, y)
+
+
+def test_cpl_label_term_is_a_prior_the_loop_binds():
+    assert presets.cpl().parts()["prior"] == {"prior": "uniform"}
+    attack = presets.cpl(steps=3, label_weight=0.5)
+    assert attack.parts()["prior"] == {"prior": "label-alignment"}
+    assert attack.config.beta == 0.5
+    net, x, y = tiny_net(), torch.rand(1, 1, 3, 3), torch.tensor([2])
+    res = attack(
+        net,
+        client_update(net, x, y),
+        input_shape=(1, 3, 3),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert torch.isfinite(res.images).all()
+    with pytest.raises(ValueError, match="non-negative"):
+        presets.cpl(label_weight=-1.0)
 
 
 # ---------------------------------------------------------------- the loop

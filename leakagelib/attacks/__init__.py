@@ -21,7 +21,9 @@ from ..gradients import check_update
 from .likelihoods import Cosine, Gaussian, Laplace, LayerSelection, Likelihood, Pruned
 from .loop import AttackConfig, AttackResult, Setting, image_bounds, run_attack
 from .priors import (
+    BatchNormStatistics,
     GaussianPrior,
+    LabelAlignment,
     LaplacePrior,
     PixelRange,
     Prior,
@@ -36,9 +38,11 @@ Update = dict[str, Tensor]
 __all__ = [
     "AttackConfig",
     "AttackResult",
+    "BatchNormStatistics",
     "Cosine",
     "Gaussian",
     "GaussianPrior",
+    "LabelAlignment",
     "Laplace",
     "LaplacePrior",
     "LayerSelection",

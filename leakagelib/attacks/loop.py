@@ -38,7 +38,7 @@ from torch.func import grad_and_value, vmap
 
 from ..gradients import functional_gradient, params_of
 from .likelihoods import WEIGHTINGS, Likelihood
-from .priors import Prior
+from .priors import Prior, bind_model
 
 Update = dict[str, Tensor]
 
@@ -307,6 +307,8 @@ def run_attack(
     if len(priors) != len(settings) or not all(isinstance(p, Prior) for p in priors):
         raise ValueError(f"prior must be a Prior or one Prior per setting ({len(settings)})")
     distinct_priors, prior_choice = _distinct(priors, device)
+    # priors that read the network (BatchNorm statistics, CPL's label term) meet the model here
+    distinct_priors = [bind_model(p, model) for p in distinct_priors]
     weights = torch.stack(
         [lik.weights(names, s.weighting) for lik, s in zip(per_setting, settings, strict=True)]
     )
@@ -322,10 +324,10 @@ def run_attack(
             return distinct[0].log_prob(g, s, w)
         return sum(c[i] * lik.log_prob(g, s, w) for i, lik in enumerate(distinct))
 
-    def log_prior(x: Tensor, c: Tensor) -> Tensor:
+    def log_prior(x: Tensor, c: Tensor, target: Tensor) -> Tensor:
         if len(distinct_priors) == 1:
-            return distinct_priors[0].log_prob(x)
-        return sum(c[i] * p.log_prob(x) for i, p in enumerate(distinct_priors))
+            return distinct_priors[0].log_prob_given(x, target)
+        return sum(c[i] * p.log_prob_given(x, target) for i, p in enumerate(distinct_priors))
 
     def objective(x, z, y, g: Update, w: Tensor, c: Tensor, beta: Tensor, d: Tensor) -> Tensor:
         """Negative MC objective of one attack: x is n × input, d its k ball offsets.
@@ -337,7 +339,7 @@ def run_attack(
         def one(xi: Tensor) -> Tensor:
             target = torch.softmax(z, dim=-1) if config.optimize_labels else y
             s = gradient(params, xi, target)
-            return -(log_lik(g, s, w, c_lik) + beta * log_prior(xi, c_prior))
+            return -(log_lik(g, s, w, c_lik) + beta * log_prior(xi, c_prior, target))
 
         if k == 1:
             return one(x + d[0])
@@ -406,7 +408,7 @@ def run_attack(
         state = [(torch.zeros_like(t), torch.zeros_like(t)) for t in (x, z)]
         for t in steps:
             gx, gz, value = evaluate(x, z, offsets())
-            history.append(float(value.mean()))
+            history.append(float(value.detach().mean()))
             lr_t = lrs * _lr_factor(config, t, decays)
             new = []
             for var, g, (m, v) in zip((x, z), (gx, gz), state, strict=True):
