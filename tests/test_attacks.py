@@ -479,3 +479,17 @@ def test_given_initial_points_start_the_attack_there():
             input_shape=tuple(x.shape[1:]),
             initial=torch.rand(2, 1, *x.shape[1:]),
         )
+
+
+def test_the_loop_names_a_float64_model():
+    net = tiny_net().double()
+    x, y = torch.rand(1, 1, 3, 3, dtype=torch.float64), torch.tensor([1])
+    with pytest.raises(ValueError, match="float32"):
+        reconstruct(
+            net,
+            client_update(net, x, y),
+            labels=y,
+            likelihood=Gaussian(),
+            prior=Uniform(),
+            input_shape=(1, 3, 3),
+        )

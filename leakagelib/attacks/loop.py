@@ -272,6 +272,12 @@ def run_attack(
     also accepts a single update and fills these arguments in.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.float32}:
+        raise ValueError(
+            f"the attack loop runs in float32, but the model's parameters are {sorted(map(str, dtypes))}: "
+            "attack a float32 copy (copy.deepcopy(model).float()); float64 is for the closed-form attacks"
+        )
     names = list(observed)
     n_upd = next(iter(observed.values())).shape[0]
     if any(t.shape[0] != n_upd for t in observed.values()):
