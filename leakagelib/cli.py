@@ -1,7 +1,9 @@
 """The command line: ``python -m leakagelib list`` and ``python -m leakagelib reproduce``.
 
 ``reproduce ID --scale ci|paper [--data LOGICAL=SPEC ...] [--device cpu|cuda]
-[--seed N] [--out FILE.json]`` runs a registered experiment, prints its rows
+[--seed N] [--out FILE.json] [--download | --no-download]`` runs a registered
+experiment (downloading missing datasets only at paper scale unless told
+otherwise), prints its rows
 as a table and writes the JSON record atomically (see :mod:`leakagelib.records`).
 """
 
@@ -61,6 +63,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         seed=args.seed,
         data=overrides,
         progress=not args.quiet,
+        download=args.download,
     )
     print(format_table(record["rows"]))
     out = args.out or record_filename(args.id).replace(".json", f".{args.scale}.json")
@@ -88,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--out", help="record path (default: ID with / as -, then .SCALE.json)")
+    rep.add_argument(
+        "--download",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="download missing torchvision/MedMNIST datasets (default: only with --scale paper)",
+    )
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
     rep.set_defaults(fn=_cmd_reproduce)
     return parser

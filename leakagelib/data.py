@@ -15,6 +15,10 @@ Sources (``spec``):
   the CI stand-in for CIFAR-10).
 * torchvision, read from ``root`` and downloaded only with ``download=True``: ``"mnist"``,
   ``"fashion-mnist"``, ``"cifar10"``, ``"cifar100"``.
+* MedMNIST (Yang et al. 2023), the medical datasets of the CVB paper's Table VI:
+  ``"pneumoniamnist"``, ``"dermamnist"``, ``"retinamnist"``, ``"bloodmnist"``, read from the
+  release file ``root/NAME.npz`` and fetched by the ``medmnist`` package only with
+  ``download=True``; normalised with statistics measured on their training split.
 * A path ending in ``.npz`` holding ``images`` (uint8 ``N x C x H x W``), ``labels`` and
   optionally ``classes`` -- the format of the project's shared MNIST/CIFAR-10 samples.
 
@@ -374,12 +378,15 @@ TORCHVISION: dict[str, tuple[str, str]] = {
     "cifar100": ("CIFAR100", "patches"),
 }
 
+#: MedMNIST datasets of the CVB paper's Table VI, read from ``root`` or fetched by ``medmnist``.
+MEDMNIST: tuple[str, ...] = ("pneumoniamnist", "dermamnist", "retinamnist", "bloodmnist")
+
 _SPLITS = ("test", "train", "all")
 
 
 def available() -> list[str]:
-    """Names ``load`` accepts besides ``.npz`` paths: embedded first, then torchvision."""
-    return list(EMBEDDED) + list(TORCHVISION)
+    """Names ``load`` accepts besides ``.npz`` paths: embedded, torchvision, then MedMNIST."""
+    return list(EMBEDDED) + list(TORCHVISION) + list(MEDMNIST)
 
 
 #: Seed of the fixed permutation behind the embedded datasets' train/test split. Taking every
@@ -455,12 +462,93 @@ def _torchvision(
 
 
 # --------------------------------------------------------------------------------------------
+# MedMNIST
+# --------------------------------------------------------------------------------------------
+
+
+def _medmnist_hint(name: str, folder: Path) -> str:
+    return (
+        f"MedMNIST is not embedded: with network access, install the 'medmnist' package and "
+        f"load({name!r}, download=True) (on the command line: reproduce ... --download), which "
+        f"stores {name}.npz under {folder}; or put that file there yourself (root= or "
+        f"$LEAKAGELIB_DATA_ROOT), or pass an .npz in this library's format as --data {name}=PATH."
+    )
+
+
+def _medmnist(name: str, split: str, root: str | os.PathLike[str] | None, download: bool) -> _Raw:
+    """A MedMNIST v2 dataset at 28 x 28 (Yang et al. 2023), as the CVB paper's Table VI uses.
+
+    The MedMNIST release file ``{name}.npz`` holds ``{split}_images`` (uint8
+    N x H x W, or N x H x W x 3 for colour) and ``{split}_labels`` (N x 1) for
+    the splits train, val and test. It is read from ``root`` with
+    ``allow_pickle=False``; with ``download=True`` a missing file is fetched
+    by the ``medmnist`` package, which writes the same file.
+    """
+    if split not in ("test", "train"):
+        raise ValueError(
+            f"MedMNIST dataset {name!r} is loaded as 'test' or 'train', not {split!r}."
+        )
+    folder = Path(root).expanduser() if root is not None else default_root()
+    path = folder / f"{name}.npz"
+    hint = _medmnist_hint(name, folder)
+    if not path.is_file():
+        if not download:
+            raise FileNotFoundError(f"MedMNIST file {path} not found and download=False. {hint}")
+        try:
+            import medmnist
+        except ImportError as error:
+            raise RuntimeError(
+                f"Downloading {name!r} needs the 'medmnist' package (pip install medmnist). {hint}"
+            ) from error
+        folder.mkdir(parents=True, exist_ok=True)
+        dataset_class = getattr(medmnist, medmnist.INFO[name]["python_class"])
+        try:
+            dataset_class(split=split, root=str(folder), download=True)
+        except (RuntimeError, OSError) as error:  # network failures are OSErrors
+            raise RuntimeError(
+                f"Could not download {name!r} into {folder}: {error}. {hint}"
+            ) from error
+    arrays = _read_arrays(
+        path,
+        (f"{split}_images", f"{split}_labels"),
+        (),
+        f"a MedMNIST file holds '{split}_images' and '{split}_labels'",
+    )
+    images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+    if images.dtype != np.uint8 or images.ndim not in (3, 4):
+        raise ValueError(
+            f"{path}: '{split}_images' must be uint8 N x H x W or N x H x W x C; got dtype "
+            f"{images.dtype}, shape {images.shape}."
+        )
+    labels = labels.reshape(len(labels), -1) if labels.ndim else labels
+    if labels.ndim != 2 or labels.shape[1] != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"{path}: '{split}_labels' must hold one integer label per image (N x 1); got dtype "
+            f"{labels.dtype}, shape {arrays[f'{split}_labels'].shape}."
+        )
+    if labels.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"{path}: {images.shape[0]} images but {labels.shape[0]} labels; counts must match."
+        )
+    array = images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2)
+    tensor = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32) / 255.0)
+    return _Raw(tensor, torch.from_numpy(labels[:, 0].astype(np.int64)), None)
+
+
+# --------------------------------------------------------------------------------------------
 # .npz files
 # --------------------------------------------------------------------------------------------
 
 
-def _npz(path: Path) -> _Raw:
-    """Read and validate an ``.npz`` file (``allow_pickle=False``); errors name the problem."""
+def _read_arrays(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...], needs: str
+) -> dict[str, np.ndarray]:
+    """The ``required`` (and present ``optional``) arrays of an ``.npz`` archive.
+
+    Read with ``allow_pickle=False``; a missing file, a file that is not an
+    archive, a missing key (``needs`` says what the format expects) or an
+    unreadable (e.g. pickled object) array raises an error that names it.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"No .npz file at {path}.")
     try:
@@ -470,18 +558,28 @@ def _npz(path: Path) -> _Raw:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path} holds a single array (.npy), not an .npz archive of arrays.")
     with archive:
-        missing = [key for key in ("images", "labels") if key not in archive.files]
+        missing = [key for key in required if key not in archive.files]
         if missing:
             raise ValueError(
                 f"{path} lacks the array(s) {missing}; it holds {sorted(archive.files)}, "
-                f"but an .npz dataset needs 'images' (uint8 N x C x H x W) and 'labels'."
+                f"but {needs}."
             )
+        keys = [*required, *(k for k in optional if k in archive.files)]
         try:
-            images = archive["images"]
-            labels = archive["labels"]
-            classes = archive["classes"] if "classes" in archive.files else None
+            return {key: archive[key] for key in keys}
         except (ValueError, zipfile.BadZipFile, OSError) as error:
             raise ValueError(f"{path}: could not read its arrays: {error}") from error
+
+
+def _npz(path: Path) -> _Raw:
+    """Read and validate an ``.npz`` file (``allow_pickle=False``); errors name the problem."""
+    arrays = _read_arrays(
+        path,
+        ("images", "labels"),
+        ("classes",),
+        "an .npz dataset needs 'images' (uint8 N x C x H x W) and 'labels'",
+    )
+    images, labels, classes = arrays["images"], arrays["labels"], arrays.get("classes")
     if images.dtype != np.uint8:
         raise ValueError(f"{path}: 'images' must be uint8 (0-255); got dtype {images.dtype}.")
     if images.ndim != 4:
@@ -554,16 +652,18 @@ def load(
 
     Args:
         spec: an embedded name (``digits``, ``digits28``, ``faces``, ``patches``), a torchvision
-            name (``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``) or a path ending in
-            ``.npz``.
+            name (``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``), a MedMNIST name
+            (``pneumoniamnist``, ``dermamnist``, ``retinamnist``, ``bloodmnist``) or a path
+            ending in ``.npz``.
         n: how many images (``None``: all of the split); more than available raises.
         seed: seed of the permutation when ``shuffle`` is true.
         shuffle: true -> a seeded random permutation, then the first ``n``; false -> the first
             ``n`` in file order (the papers' "first 100 test images").
         split: ``"test"`` or ``"train"`` (embedded datasets also ``"all"``; ignored for .npz).
-        root: folder of torchvision datasets (default ``$LEAKAGELIB_DATA_ROOT`` or
+        root: folder of torchvision and MedMNIST datasets (default ``$LEAKAGELIB_DATA_ROOT`` or
             ``~/.cache/leakagelib``).
-        download: let torchvision download a missing dataset (needs network access).
+        download: let torchvision (or the ``medmnist`` package) download a missing dataset
+            (needs network access).
         constants: ``"bayes"``, ``"ig"`` or ``"none"`` (see the module docstring).
         constants_of: the logical dataset whose constants apply (``"mnist"``, ``"cifar10"``,
             ...); defaults to the torchvision name itself, and for embedded data and .npz files
@@ -571,7 +671,7 @@ def load(
 
     Raises:
         KeyError: unknown spec or constants. ValueError: bad ``n``/``split`` or a malformed
-        .npz. FileNotFoundError: a missing .npz or torchvision dataset (offline).
+        .npz. FileNotFoundError: a missing .npz, torchvision or MedMNIST dataset (offline).
     """
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {_SPLITS}; got {split!r}.")
@@ -579,21 +679,26 @@ def load(
     if text.endswith(".npz"):
         raw = _npz(Path(text).expanduser())
         images, labels, name = raw.images, raw.labels, text
-        everything = raw.images
+        measured_on: Callable[[], torch.Tensor] = lambda: raw.images  # noqa: E731
     elif text in EMBEDDED:
         raw = EMBEDDED[text][0]()
         images, labels = _embedded_split(raw, split)
-        name, everything = text, raw.images
+        name, measured_on = text, lambda: raw.images
     elif text in TORCHVISION:
         if constants_of is None:
             constants_of = text
         raw = _torchvision(text, split, root, download)
-        images, labels, name, everything = raw.images, raw.labels, text, raw.images
+        images, labels, name, measured_on = raw.images, raw.labels, text, lambda: raw.images
+    elif text in MEDMNIST:
+        raw = _medmnist(text, split, root, download)
+        images, labels, name = raw.images, raw.labels, text
+        # no published constants: measured on the training split, whatever split is loaded
+        measured_on = lambda: _medmnist(text, "train", root, False).images  # noqa: E731
     else:
         raise KeyError(
             f"Unknown dataset {text!r}. Known names: {available()}; anything else must be a "
             f"path ending in .npz."
         )
-    normalizer = _normalizer_for(constants, constants_of, lambda: _measured(everything))
+    normalizer = _normalizer_for(constants, constants_of, lambda: _measured(measured_on()))
     images, labels = _select(images, labels, n, seed, shuffle, name)
     return Dataset(images, labels, normalizer, name, raw.classes)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from leakagelib.cli import format_table, main
+from leakagelib.cli import build_parser, format_table, main
 from leakagelib.records import read_record
 
 
@@ -81,3 +81,31 @@ def test_format_table_aligns_columns():
     lines = text.splitlines()
     assert lines[0].split() == ["a", "psnr"]
     assert lines[2].split() == ["1", "12.35"] and lines[3].split() == ["10", "inf"]
+
+
+def test_datasets_are_downloaded_only_at_paper_scale_unless_told(monkeypatch):
+    from leakagelib.experiments.registry import Context
+
+    seen: list[bool] = []
+
+    def fake_load(spec, n=None, **options):
+        seen.append(options["download"])
+        raise FileNotFoundError("not here")
+
+    monkeypatch.setattr("leakagelib.data.load", fake_load)
+    for ctx in (
+        Context("ci"),
+        Context("paper", data={}),
+        Context("ci", download=True),
+        Context("paper", download=False),
+    ):
+        with pytest.raises(FileNotFoundError):
+            ctx.dataset("cifar10", n=1)
+    assert seen == [False, True, True, False]
+
+
+def test_download_flag_parses_three_ways():
+    parse = build_parser().parse_args
+    assert parse(["reproduce", "intro/bias-attack"]).download is None
+    assert parse(["reproduce", "intro/bias-attack", "--download"]).download is True
+    assert parse(["reproduce", "intro/bias-attack", "--no-download"]).download is False

@@ -327,3 +327,66 @@ def test_shared_cifar10_sample() -> None:
     assert ds.normalizer.std == CONSTANTS["ig"]["cifar10"][1]
     shuffled = load(path, n=500, seed=1)
     assert sorted(shuffled.labels.tolist()) == sorted(load(path).labels.tolist())
+
+
+# ---------------------------------------------------------------- MedMNIST
+
+
+def _medmnist_file(folder: Path, name: str, channels: int, counts=(12, 5)) -> dict:
+    """A file in the MedMNIST release layout: {split}_images (N×H×W[×3]) and {split}_labels (N×1)."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in zip(("train", "test"), counts, strict=True):
+        shape = (n, 28, 28) if channels == 1 else (n, 28, 28, channels)
+        arrays[f"{split}_images"] = rng.integers(0, 256, shape, dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 4, (n, 1)).astype(np.int64)
+    arrays["val_images"] = arrays["test_images"][:2]
+    arrays["val_labels"] = arrays["test_labels"][:2]
+    np.savez(folder / f"{name}.npz", **arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("name, channels", [("pneumoniamnist", 1), ("bloodmnist", 3)])
+def test_medmnist_release_file_is_read_as_n_c_h_w(tmp_path: Path, name: str, channels: int):
+    arrays = _medmnist_file(tmp_path, name, channels)
+    images, labels, norm = load(name, root=tmp_path, shuffle=False)
+    assert images.shape == (5, channels, 28, 28) and images.dtype == torch.float32
+    raw = arrays["test_images"] if channels == 3 else arrays["test_images"][..., None]
+    assert torch.equal(images, torch.from_numpy(raw.transpose(0, 3, 1, 2) / 255.0).float())
+    assert labels.tolist() == arrays["test_labels"][:, 0].tolist()
+    # the normaliser is measured on the training split, whichever split is loaded
+    train = torch.from_numpy(arrays["train_images"].astype(np.float32) / 255.0)
+    expect_mean = train.mean() if channels == 1 else train.mean(dim=(0, 1, 2))
+    assert torch.allclose(torch.as_tensor(norm.mean).flatten(), expect_mean.flatten(), atol=1e-5)
+    assert len(load(name, root=tmp_path, split="train")) == 12
+    assert name in data.available()
+
+
+def test_medmnist_missing_file_names_every_way_to_get_it(tmp_path: Path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"medmnist.*--data dermamnist=PATH"):
+        load("dermamnist", root=tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "medmnist", None)  # not installed
+    with pytest.raises(RuntimeError, match="pip install medmnist"):
+        load("dermamnist", root=tmp_path, download=True)
+
+
+def test_medmnist_malformed_files_are_named(tmp_path: Path):
+    np.savez(tmp_path / "retinamnist.npz", train_images=np.zeros((2, 28, 28), np.uint8))
+    with pytest.raises(ValueError, match="test_images"):
+        load("retinamnist", root=tmp_path)
+    np.savez(
+        tmp_path / "retinamnist.npz",
+        test_images=np.zeros((2, 28, 28), np.uint8),
+        test_labels=np.zeros((2, 3), np.int64),  # multi-label, not one label per image
+    )
+    with pytest.raises(ValueError, match="one integer label per image"):
+        load("retinamnist", root=tmp_path)
+    np.savez(
+        tmp_path / "retinamnist.npz",
+        test_images=np.array([None, None], dtype=object),
+        test_labels=np.zeros((2, 1), np.int64),
+    )
+    with pytest.raises(ValueError, match="could not read"):
+        load("retinamnist", root=tmp_path)
+    with pytest.raises(ValueError, match="'test' or 'train'"):
+        load("retinamnist", root=tmp_path, split="all")

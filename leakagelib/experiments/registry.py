@@ -62,7 +62,10 @@ class Context:
     ``dataset("mnist", n=10)`` resolves a logical dataset name: a ``--data``
     override (or ``$LEAKAGELIB_DATA``) wins; otherwise at ``ci`` scale the
     embedded stand-in of :data:`STAND_INS` is used, and at ``paper`` scale the
-    torchvision dataset itself (which must be present or downloadable).
+    torchvision dataset itself. ``download`` lets a missing torchvision or
+    MedMNIST dataset be downloaded; ``None`` (the default) means "at paper
+    scale", so that a paper-scale run on a fresh Colab machine fetches its
+    data, while a ci run never touches the network.
     """
 
     scale: str = "ci"
@@ -70,6 +73,7 @@ class Context:
     seed: int = 0
     data: dict[str, str] = field(default_factory=dict)
     progress: bool = True
+    download: bool | None = None
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -85,6 +89,11 @@ class Context:
     def pick(self, ci: T, paper: T) -> T:
         """The value for this run's scale."""
         return paper if self.paper else ci
+
+    @property
+    def may_download(self) -> bool:
+        """Whether missing datasets may be downloaded in this run (see ``download``)."""
+        return self.paper if self.download is None else self.download
 
     def resolve(self, logical: str) -> str:
         """The data spec that stands for ``logical`` in this run."""
@@ -102,6 +111,7 @@ class Context:
         """
         spec = self.resolve(logical)
         options.setdefault("seed", self.seed)
+        options.setdefault("download", self.may_download)
         if spec != logical:
             options.setdefault("constants_of", logical)
         return _data.load(spec, n=n, **options)
@@ -171,14 +181,23 @@ def run(
     seed: int = 0,
     data: dict[str, str] | None = None,
     progress: bool = True,
+    download: bool | None = None,
 ) -> dict[str, Any]:
     """Run experiment ``id`` and return its record (rows, extras, provenance).
 
     Overrides in ``$LEAKAGELIB_DATA`` apply first; ``data`` overrides them.
+    ``download`` is :attr:`Context.download` (default: only at paper scale).
     """
     exp = get(id)
     overrides = {**env_data_overrides(), **(data or {})}
-    ctx = Context(scale=scale, device=device, seed=seed, data=overrides, progress=progress)
+    ctx = Context(
+        scale=scale,
+        device=device,
+        seed=seed,
+        data=overrides,
+        progress=progress,
+        download=download,
+    )
     torch.manual_seed(seed)
     start = time.perf_counter()
     out = exp.fn(ctx)
