@@ -64,7 +64,6 @@ __all__ = [
     "attack_tuned",
     "gray_baseline",
     "tune",
-    "tune_and_attack",
     "table2_rows",
     "table5_priors",
     "table5_rows",
@@ -292,40 +291,6 @@ def attack_tuned(
     }
 
 
-def tune_and_attack(
-    ctx: Context,
-    prob: Problem,
-    shared: dict[str, Tensor],
-    attacks: dict,
-    priors: Prior | dict[str, Prior],
-    config: AttackConfig,
-    *,
-    n_tune: int,
-    betas: Sequence[float],
-    refine: int,
-    grid: Grid | None,
-    offset: int,
-) -> dict[str, Tensor]:
-    """A.3's search on the first ``n_tune`` images, then every attack on all images.
-
-    Returns attack name → per-image PSNR (de-normalised, data range 1).
-    """
-    found = tune(
-        ctx,
-        prob,
-        shared,
-        attacks,
-        priors,
-        config,
-        n_tune=n_tune,
-        betas=betas,
-        refine=refine,
-        grid=grid,
-        offset=offset,
-    )
-    return attack_tuned(ctx, prob, shared, attacks, priors, config, found, offset=offset)
-
-
 def _scale(ctx: Context) -> dict:
     """Sizes per scale: images, tuning images, attack steps, β grid, refinement, grid."""
     return ctx.pick(
@@ -367,19 +332,25 @@ def table2_rows(
         for j, name in enumerate(defenses):
             defense = make_defense(name, seed=ctx.seed)
             shared = shared_updates(prob, defense, ctx.generator(100 * i + j))
-            psnr = tune_and_attack(
+            chosen, prior, offset = (
+                _attacks(defense, attacks),
+                TotalVariation(power=2),
+                1000 * i + 10 * j,
+            )
+            found = tune(
                 ctx,
                 prob,
                 shared,
-                _attacks(defense, attacks),
-                TotalVariation(power=2),
+                chosen,
+                prior,
                 config,
                 n_tune=size["n_tune"],
                 betas=size["betas"],
                 refine=size["refine"],
                 grid=size["grid"],
-                offset=1000 * i + 10 * j,
+                offset=offset,
             )
+            psnr = attack_tuned(ctx, prob, shared, chosen, prior, config, found, offset=offset)
             for a, values in psnr.items():
                 rows.append(
                     {
