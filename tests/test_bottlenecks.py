@@ -253,3 +253,72 @@ def test_precode_mlp_is_broken_exactly_by_the_closed_form_attack() -> None:
     rows = run("bayes/precode-mlp", "ci", progress=False)["rows"]
     assert len(rows) == 8
     assert all(r["psnr"] > 100 for r in rows), [r["psnr"] for r in rows]
+
+
+def test_side_by_side_puts_paper_record_and_run_in_one_row() -> None:
+    """The chapter's comparison tables (cvb.side_by_side): keys aligned, missing values "-"."""
+    from leakagelib.experiments.cvb import side_by_side
+
+    ours = [{"position": 3, "ssim": 0.4}, {"position": 1, "ssim": 0.2}]
+    paper = {(3,): {"ssim": 0.63}, (2,): {"ssim": 0.23}}
+    record = {"scale": "paper", "rows": [{"position": 2, "ssim": 0.25}]}
+    rows = side_by_side(ours, paper, key=("position",), columns=("ssim",), record=record)
+    assert [r["position"] for r in rows] == [3, 1, 2]
+    assert rows[0] == {"position": 3, "ssim paper": 0.63, "ssim paper-run": "-", "ssim ci": 0.4}
+    assert rows[2] == {"position": 2, "ssim paper": 0.23, "ssim paper-run": 0.25, "ssim ci": "-"}
+    plain = side_by_side(ours, paper, key=("position",), columns=("ssim",))
+    assert "ssim paper-run" not in plain[0]
+
+
+def test_gradient_trace_follows_the_attack_and_overrides_apply() -> None:
+    """cvb.gradient_trace (CVB Fig. 6) sees every iterate; steps and callback reach the loop."""
+    from leakagelib.experiments import cvb
+    from leakagelib.experiments.registry import Context
+
+    ctx = Context(scale="ci", progress=False)
+    images, labels, norm = cvb.victims(ctx, "mnist", 2)
+    model = cvb.cnn(ctx, {**cvb.PRECODE_TABLE2, "position": 3})
+    trace = cvb.gradient_trace(ctx, model, images, labels, norm, steps=3)
+    assert {"conv1.conv", "precode.encoder", "precode.decoder", "head"} <= set(trace)
+    assert all(v.shape == (3,) and torch.isfinite(v).all() for v in trace.values())
+    seen: list[int] = []
+    ssim, recon = cvb.attack_ssim(
+        ctx, model, images, labels, norm, steps=2, lr=0.5, callback=lambda t, _: seen.append(t)
+    )
+    assert seen == [0, 1] and ssim.shape == (2,) and recon.shape == images.shape
+
+
+def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
+    """Issue claim (chapter "Variational bottlenecks"): PSNR and ε both fall as σ rises."""
+    import warnings
+
+    from leakagelib import metrics
+    from leakagelib.attacks import closed_form
+    from leakagelib.defenses.dpsgd import DPSGD, epsilon_spent
+    from leakagelib.experiments import cvb
+    from leakagelib.experiments.registry import Context
+
+    images, labels, norm = cvb.victims(Context(scale="ci", progress=False), "mnist", 2)
+    x = norm.normalize(images).double()
+    torch.manual_seed(0)
+    mlp = models.build("mlp", in_shape=SHAPE, num_classes=10, widths=(100,)).double()
+    psnr, eps = [], []
+    for sigma in (1e-4, 1e-3, 1e-2):
+        dp, gen = (
+            DPSGD(sigma, max_grad_norm=1.0, sample_rate=0.01),
+            torch.Generator().manual_seed(0),
+        )
+        rec = torch.cat(
+            [
+                closed_form.recover_inputs_from_update(
+                    mlp, dp.privatize(mlp, x[i : i + 1], labels[i : i + 1], generator=gen), SHAPE
+                )
+                for i in range(2)
+            ]
+        )
+        psnr.append(float(metrics.psnr(norm.denormalize(rec).float().clamp(0, 1), images).mean()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            eps.append(epsilon_spent(sigma, 0.01, 1000, 1e-5))
+    assert psnr[0] > psnr[1] > psnr[2], psnr
+    assert eps[0] > eps[1] > eps[2], eps
