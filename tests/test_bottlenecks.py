@@ -322,3 +322,31 @@ def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
             eps.append(epsilon_spent(sigma, 0.01, 1000, 1e-5))
     assert psnr[0] > psnr[1] > psnr[2], psnr
     assert eps[0] > eps[1] > eps[2], eps
+
+
+def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path, monkeypatch):
+    """cvb/table6-medical reads MedMNIST release files from the data root; absent ones are noted."""
+    import numpy as np
+
+    from leakagelib import experiments
+
+    rng = np.random.default_rng(0)
+    np.savez(
+        tmp_path / "pneumoniamnist.npz",
+        train_images=rng.integers(0, 256, (64, 28, 28), dtype=np.uint8),
+        train_labels=rng.integers(0, 2, (64, 1)),
+        test_images=rng.integers(0, 256, (4, 28, 28), dtype=np.uint8),
+        test_labels=np.array([[0], [1], [0], [1]]),
+    )
+    monkeypatch.setenv("LEAKAGELIB_DATA_ROOT", str(tmp_path))
+    monkeypatch.delenv("LEAKAGELIB_DATA", raising=False)
+    record = experiments.run("cvb/table6-medical", "ci", progress=False)
+    assert [(r["dataset"], r["defense"]) for r in record["rows"]] == [
+        ("pneumoniamnist", "none"),
+        ("pneumoniamnist", "cvb"),
+    ]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and -1.0 <= r["ssim"] <= 1.0 for r in record["rows"])
+    assert record["data"]["dermamnist"].startswith("skipped: MedMNIST file")
+    (tmp_path / "pneumoniamnist.npz").unlink()
+    with pytest.raises(RuntimeError, match="pip install medmnist"):
+        experiments.run("cvb/table6-medical", "ci", progress=False)
