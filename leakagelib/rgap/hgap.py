@@ -16,6 +16,7 @@ and ``rgap/table2-lenet`` and the chapters "Closed-form attacks" and "Rank analy
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,7 @@ def dlg_logistic(
     steps: int,
     generator: torch.Generator | None = None,
     initial: Tensor | None = None,
+    relative: bool = False,
 ) -> Tensor:
     """DLG (L-BFGS on the squared gradient distance) on stacked logistic-loss updates.
 
@@ -66,14 +68,26 @@ def dlg_logistic(
     ``labels`` (N, values ±1) are given. All N attacks run as one batched
     program; the loop runs in float32 even when ``model`` is float64.
     ``initial`` (N×C×H×W) replaces DLG's random start with given images
-    (see :func:`rgap_then_dlg`). Returns the N×C×H×W reconstructions.
+    (see :func:`rgap_then_dlg`). ``relative`` divides the objective by the
+    mean squared norm of the updates: the same minimisers, but L-BFGS's
+    absolute stopping tolerances (``torch.optim.LBFGS``'s ``tolerance_grad``
+    and ``tolerance_change``) no longer depend on the update's magnitude;
+    experiment ``rgap/twin-dlg`` (chapter "Twin data") uses it. The default
+    keeps DLG's published, unscaled objective.
+    Returns the N×C×H×W reconstructions.
     """
     attack = dlg(steps=steps)
+    likelihood = attack.likelihood
+    if relative:
+        sq = torch.stack([v.double().flatten(1).pow(2).sum(dim=1) for v in updates.values()])
+        scale = float(sq.sum(dim=0).mean().sqrt())
+        if scale > 0:
+            likelihood = replace(likelihood, sigma=likelihood.sigma * scale)
     result = reconstruct(
         copy.deepcopy(model).float(),
         {k: v.float() for k, v in updates.items()},
         labels=labels.reshape(-1, 1).long(),
-        likelihood=attack.likelihood,
+        likelihood=likelihood,
         prior=attack.prior,
         config=attack.config.with_(optimize_labels=False),
         input_shape=in_shape,
