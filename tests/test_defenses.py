@@ -9,11 +9,21 @@ import torch
 from opacus.accountants import RDPAccountant
 from torch import nn
 
+from leakagelib import metrics, models
+from leakagelib.attacks import AttackConfig, TotalVariation, image_bounds
 from leakagelib.attacks.likelihoods import Cosine, Gaussian
 from leakagelib.defenses.ats import POLICY_TABLE, ATSAugmentation, _magnitude, parse_policy
 from leakagelib.defenses.compression import GradientCompression, prune_smallest
 from leakagelib.defenses.dpsgd import DPSGD, ClippedGaussian, clip_per_sample, epsilon_spent
-from leakagelib.defenses.soteria import Soteria, layer_drop_likelihoods, soteria_scores
+from leakagelib.defenses.soteria import (
+    Soteria,
+    layer_drop_attack,
+    layer_drop_likelihoods,
+    soteria_scores,
+)
+from leakagelib.experiments.defenses import soteria_attack_setup, soteria_attacks, soteria_case
+from leakagelib.experiments.registry import Context, available, get, run
+from leakagelib.fl import train
 from leakagelib.gradients import client_update, per_sample_updates
 
 
@@ -206,3 +216,84 @@ def test_ats_augmentation_is_seeded_and_changes_images() -> None:
     shifted = ATSAugmentation("3", crop_flip=False)(images)  # translateX by 15 px
     black_columns = (shifted == 0).all(dim=(1, 2)).sum(dim=1)  # per image, either side
     assert bool((black_columns == 15).all())
+
+
+# --------------------------------------------------- the layer-drop attack (Bayes §5, Fig. 5)
+
+
+def _soteria_digits(hidden: tuple[int, int], n: int):
+    """ConvBig of the given widths, trained 10 steps on the 8×8 digits, and n client images."""
+    ctx = Context(scale="ci", progress=False)
+    images, labels, norm, train_x, train_y = soteria_case(ctx, n)
+    torch.manual_seed(0)
+    net = models.build("convbig", in_shape=(1, 8, 8), num_classes=10, hidden=hidden)
+    net = train(net, train_x, train_y, steps=10, batch_size=32, seed=0).model
+    return ctx, net, images, labels, norm
+
+
+def test_layer_drop_attack_beats_the_direct_attack_and_finds_the_defended_layer() -> None:
+    ctx, net, images, labels, norm = _soteria_digits((64, 32), n=2)
+    x = norm.normalize(images)
+    soteria = Soteria("fc1.linear", pruning_rate=0.8)
+    update = [soteria.defend(net, x[i : i + 1], labels[i : i + 1]) for i in range(2)]
+    stacked = {k: torch.stack([u[k] for u in update]) for k in update[0]}
+    config = AttackConfig(steps=150, lr=0.3, schedule="constant", beta=1e-6, box=True)
+    result = layer_drop_attack(
+        net, stacked, labels=labels, input_shape=(1, 8, 8), prior=TotalVariation(),
+        config=config, kind="gaussian", extra={"direct": Gaussian()},
+        bounds=image_bounds(norm.mean, norm.std), generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    assert list(result.candidates) == ["fc1.linear", "fc2.linear", "fc3.linear", "direct"]
+    assert result.objective.shape == (4, 2)
+    assert result.chosen == ["fc1.linear", "fc1.linear"]  # never "direct": extras are not chosen
+    assert result.images.shape == (2, 1, 1, 8, 8)
+    assert torch.equal(result.images, result.candidates["fc1.linear"])
+
+    def psnr(t: torch.Tensor) -> torch.Tensor:
+        return metrics.psnr(norm.denormalize(t[:, 0]).clamp(0, 1), images)
+
+    drop, direct = psnr(result.candidates["fc1.linear"]), psnr(result.candidates["direct"])
+    assert bool((drop > direct + 5).all()), (drop, direct)
+
+
+def test_layer_drop_attack_rejects_unknown_layers_and_clashing_extras(batch) -> None:
+    net = small_net()
+    update = {k: v.unsqueeze(0) for k, v in client_update(net, batch[0][:1], batch[1][:1]).items()}
+    args = dict(labels=batch[1][:1], input_shape=(1, 6, 6), prior=TotalVariation(),
+                config=AttackConfig(steps=1))  # fmt: skip
+    with pytest.raises(KeyError, match="not fully connected"):
+        layer_drop_attack(net, update, layers=["0"], **args)
+    with pytest.raises(ValueError, match="clash"):
+        layer_drop_attack(net, update, extra={"3": Cosine()}, **args)
+    one = layer_drop_attack(net, update, layers=["5"], **args)
+    assert list(one.candidates) == ["5"] and one.chosen == ["5"]
+
+
+def test_soteria_attack_scales_and_the_fig3_images_of_precode() -> None:
+    kind, config = soteria_attack_setup(Context(scale="ci"))
+    assert kind == "gaussian" and config.steps == 200
+    kind, config = soteria_attack_setup(Context(scale="paper"))
+    assert (kind, config.steps, config.lr, config.beta) == ("cosine", 4000, 0.1, 4e-4)
+    record = run("bayes/precode-mlp", "ci", progress=False)
+    shown = torch.tensor(record["figure3"]["reconstruction"])
+    original = torch.tensor(record["figure3"]["original"])
+    assert shown.shape == original.shape == (8, 3, 32, 32)
+    assert torch.allclose(shown, original, atol=1e-3)  # the closed form is exact
+    assert "bayes/fig5-soteria-layers" in available()
+    assert get("bayes/fig5-soteria-layers").row_keys == ("defended", "attack", "psnr")
+
+
+def test_the_layer_drop_attack_does_not_depend_on_the_pruning_rate() -> None:
+    ctx, net, images, labels, norm = _soteria_digits((64, 32), n=1)
+    x = norm.normalize(images)
+    _, config = soteria_attack_setup(ctx)
+    config = config.with_(steps=20)
+    recons = []
+    for rate in (0.5, 0.95):
+        soteria = Soteria("fc1.linear", pruning_rate=rate)
+        update = soteria.defend(net, x, labels)
+        out = soteria_attacks(
+            ctx, net, [update], x, labels, norm, {"drop": soteria.likelihood("gaussian")}, config
+        )
+        recons.append(out["drop"][1])
+    assert torch.equal(recons[0], recons[1])  # the attack never reads the pruned layer

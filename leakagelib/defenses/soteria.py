@@ -17,22 +17,33 @@ from there, as is the default rate 80 % the Bayes paper uses, A.1).
 The Bayes paper breaks it by dropping the defended layer from the likelihood
 (§5; A.5 Eq. 6): :meth:`Soteria.likelihood` is that attack, and when the
 defended layer is unknown the attacker runs it once per layer
-(:func:`layer_drop_likelihoods`). Used by the chapter "Breaking heuristic
-defenses" and the experiment ``bayes/fig2-training``.
+(:func:`layer_drop_likelihoods`) and keeps, for every update, the candidate
+that explains the rest of the gradient best (:func:`layer_drop_attack`). Used
+by the chapter "Breaking heuristic defenses" and the experiments
+``bayes/fig2-training`` and ``bayes/fig5-soteria-layers``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..attacks import AttackConfig, Prior, reconstruct
 from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection, Likelihood
 from ..gradients import Update, client_update
 from .base import GradientDefense
 
-__all__ = ["Soteria", "layer_drop_likelihoods", "soteria_scores"]
+__all__ = [
+    "LayerDropResult",
+    "Soteria",
+    "layer_drop_attack",
+    "layer_drop_likelihoods",
+    "soteria_scores",
+]
 
 
 def _representation(model: nn.Module, layer: str, images: Tensor) -> tuple[Tensor, Tensor]:
@@ -155,3 +166,80 @@ def layer_drop_likelihoods(model: nn.Module, kind: str = "cosine") -> dict[str, 
     if not layers:
         raise ValueError("the model has no fully connected layer Soteria could defend")
     return {name: _drop(name, kind) for name in layers}
+
+
+@dataclass
+class LayerDropResult:
+    """What :func:`layer_drop_attack` returns.
+
+    ``images``: ``N × n × C × H × W``, each update's chosen reconstruction (in
+    the model's input space); ``chosen``: the layer each of them dropped;
+    ``candidates``: layer (or ``extra`` name) → its reconstructions
+    (``N × n × ...``); ``objective``: final objectives, one row per entry of
+    ``candidates`` in its order, one column per update.
+    """
+
+    images: Tensor
+    chosen: list[str]
+    candidates: dict[str, Tensor]
+    objective: Tensor
+
+
+def layer_drop_attack(
+    model: nn.Module,
+    shared_update: dict[str, Tensor],
+    *,
+    labels: Tensor,
+    input_shape: tuple[int, ...],
+    prior: Prior,
+    config: AttackConfig,
+    layers: Sequence[str] | None = None,
+    kind: str = "cosine",
+    extra: Mapping[str, Likelihood] | None = None,
+    bounds: tuple[Tensor, Tensor] | None = None,
+    generator: torch.Generator | None = None,
+    device: str | torch.device | None = None,
+) -> LayerDropResult:
+    """The layer-drop attack on Soteria when the defended layer is unknown (Bayes paper §5).
+
+    One attack per candidate fully connected layer (``layers``, default every
+    ``nn.Linear`` of ``model``), each reading every gradient but that layer's;
+    all run as settings of one batched program from the same starting points.
+    ``shared_update`` is stacked (leading dimension ``N``, one image per
+    update; ``labels`` of length ``N``). For every update the candidate with the
+    lowest final objective is kept: the attack that drops the defended layer
+    can match every gradient it reads, while any other candidate reads the
+    pruned gradient, which no input reproduces, and stays worse. The paper
+    says only "run the attack for all"; this choice rule makes that runnable
+    without looking at the client's image. ``extra`` adds named likelihoods to
+    the same batched program (the direct attack, for comparison): their
+    reconstructions join ``candidates`` but are never chosen. Used by
+    ``bayes/fig5-soteria-layers`` and the chapter "Breaking heuristic defenses".
+    """
+    likelihoods = layer_drop_likelihoods(model, kind)
+    if layers is not None:
+        unknown = [name for name in layers if name not in likelihoods]
+        if unknown:
+            raise KeyError(f"{unknown} are not fully connected layers of the model")
+        likelihoods = {name: likelihoods[name] for name in layers}
+    names = list(likelihoods)
+    extra = dict(extra or {})
+    clash = [name for name in extra if name in likelihoods]
+    if clash:
+        raise ValueError(f"extra likelihoods {clash} clash with candidate layer names")
+    liks = [*likelihoods.values(), *extra.values()]
+    result = reconstruct(
+        model, shared_update, labels=labels, likelihood=liks, prior=prior,
+        config=config, settings=[config.setting()] * len(liks), input_shape=input_shape,
+        stacked=True, bounds=bounds, generator=generator, device=device,
+    )  # fmt: skip
+    images = result.images.detach()  # L × N × n × ...
+    objective = result.objective.detach()
+    best = objective[: len(names)].argmin(dim=0)  # N
+    chosen = images[best, torch.arange(images.shape[1], device=images.device)]
+    return LayerDropResult(
+        images=chosen,
+        chosen=[names[int(i)] for i in best],
+        candidates={name: images[i] for i, name in enumerate([*names, *extra])},
+        objective=objective,
+    )
