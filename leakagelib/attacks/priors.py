@@ -359,7 +359,7 @@ class LabelAlignment(Prior):
     the gradient (iDLG's rule), ``α‖F(x_rec; W) − y_rec‖²``. Here ``F`` is the
     softmax output and ``y`` the one-hot label (a soft label when labels are
     optimised); the weight α is the attack's β. In the Bayes reading it is a
-    label-conditional prior p(x | y) ∝ exp(−‖p(·|x) − e_y‖²): inputs the
+    label-conditional prior ``p(x | y) ∝ exp(−‖p(·|x) − e_y‖²)``: inputs the
     network already assigns to class y are a priori more likely. The authors'
     public notebook (git-disl/CPL_attack, ``LFW_enhanced_random_ASR.ipynb``)
     keeps a variant of the term commented out, so its default weight there is 0.

@@ -27,7 +27,7 @@ __all__ = ["GradientCompression", "prune_smallest"]
 
 
 def prune_smallest(tensor: torch.Tensor, rate: float) -> torch.Tensor:
-    """A copy of ``tensor`` with its ``round(rate · numel)`` smallest-|·| entries set to 0."""
+    """A copy of ``tensor`` with its ``round(rate · numel)`` smallest-magnitude entries set to 0."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"the pruning rate must be in [0, 1], got {rate}")
     flat = tensor.reshape(-1)
