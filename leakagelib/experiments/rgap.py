@@ -223,8 +223,9 @@ def twin_dlg(ctx: Context) -> list[dict]:
     """Appendix B, Figure 5 (right): DLG converges to the real image or its twin, by its start.
 
     A bias-free logistic-regression model (one linear layer, the smallest
-    network with twin data and one on which DLG converges reliably) on one
-    ``mnist`` image (``digits28`` at ci), its weights scaled so that
+    network with twin data and one on which DLG converges reliably) on one of
+    scikit-learn's 8×8 digits at both scales (the twin is a property of the
+    model's μ, not of the image size), its weights scaled so that
     μ = ``TWIN_DLG_MU``. R-GAP gives the twin (the other root of μ); DLG
     (:func:`~leakagelib.rgap.hgap.dlg_logistic`, L-BFGS, label given, the
     objective divided by ‖g‖²) then starts from t·x plus Gaussian noise of
