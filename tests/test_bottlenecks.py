@@ -350,3 +350,30 @@ def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path,
     (tmp_path / "pneumoniamnist.npz").unlink()
     with pytest.raises(RuntimeError, match="pip install medmnist"):
         experiments.run("cvb/table6-medical", "ci", progress=False)
+
+
+def test_table3_paper_branch_runs_on_both_datasets(tmp_path, monkeypatch):
+    """cvb/table3-attacks through its paper-scale code (both datasets, MNIST resized to the
+    authors' 3×32×32, every attack and defense), with victims, attack steps and FL rounds shrunk."""
+    import numpy as np
+
+    from leakagelib import data, experiments
+    from leakagelib.experiments import cvb
+
+    paths = {}
+    for logical, spec in (("mnist", "digits28"), ("cifar10", "patches")):
+        images, labels, _ = data.load(spec, n=160, split="all", shuffle=False)
+        paths[logical] = str(tmp_path / f"{logical}.npz")
+        np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
+    victims, config, setup = cvb.victims, cvb.attack_config, cvb.fl_setup
+    monkeypatch.setattr(
+        cvb, "victims", lambda ctx, logical, n, **kw: victims(ctx, logical, 2, **kw)
+    )
+    monkeypatch.setattr(cvb, "attack_config", lambda ctx, a: config(ctx, a).with_(steps=2))
+    monkeypatch.setattr(cvb, "fl_setup", lambda ctx: {**setup(ctx), "rounds": 1, "patience": None})
+    record = experiments.run("cvb/table3-attacks", "paper", data=paths, progress=False)
+    keys = {(r["dataset"], r["defense"], r["attack"]) for r in record["rows"]}
+    assert keys == {
+        (d, f, a) for d in ("mnist", "cifar10") for f in ("none", "cvb") for a in cvb.ATTACKS
+    }
+    assert record["scale"] == "paper" and record["data"]["mnist"] == paths["mnist"]
