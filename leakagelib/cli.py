@@ -10,34 +10,15 @@ as a table and writes the JSON record atomically (see :mod:`leakagelib.records`)
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
 
 from . import data, models
 from .records import record_filename, write_record
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
-    return str(value)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """Rows as a plain aligned text table (columns: the union of keys, in order of appearance)."""
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(k for k in row if k not in columns and not isinstance(row[k], (list, dict)))
-    cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells)
-    return "\n".join(lines)
+from .reporting import format_table
 
 
 def _cmd_list(_: argparse.Namespace) -> int:
@@ -51,11 +32,105 @@ def _cmd_list(_: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(ValueError):
+    """A bad command line, found before any work starts (exit status 2, one line)."""
+
+
+#: Seeds are fed to ``torch.Generator.manual_seed`` after scaling (see ``Context.generator``).
+MAX_SEED = 2**31 - 1
+
+
+def check_out(out: str) -> Path:
+    """The record path ``out``, checked: a file path whose folder exists or can be made, writable."""
+    path = Path(out).expanduser()
+    if path.is_dir() or out.endswith(("/", os.sep)):
+        raise UsageError(
+            f"--out {out!r} is a directory; give a file path such as {out.rstrip('/')}/record.json"
+        )
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out!r}: {existing} is a file, so the folder cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out!r}: the folder {existing} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--out {out!r} exists and is not writable")
+    return path
+
+
+def check_device(device: str) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N`` with that GPU present."""
+    import torch
+
+    if device == "cpu":
+        return
+    head, _, index = device.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise UsageError(f"--device {device!r} is not one of cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {device!r}: CUDA is not available on this machine; use --device cpu"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise UsageError(
+            f"--device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)"
+        )
+
+
+def check_data(exp_id: str, overrides: dict[str, str], source: str) -> None:
+    """Every overridden dataset name is one the experiment uses; every path exists.
+
+    ``$LEAKAGELIB_DATA`` serves every run (chapters included), so its names
+    need only be known to some experiment: that still catches a typo.
+    """
+    from . import experiments
+    from .experiments.registry import known_datasets
+
+    per_run = source == "--data"
+    uses = experiments.get(exp_id).datasets if per_run else known_datasets()
+    for logical, spec in overrides.items():
+        if uses and logical not in uses:
+            who = (
+                f"which {exp_id} does not use; it uses"
+                if per_run
+                else "which no experiment uses; known:"
+            )
+            raise UsageError(f"{source} names dataset {logical!r}, {who} {', '.join(uses)}")
+        looks_like_path = spec.endswith(".npz") or os.sep in spec
+        if looks_like_path and not Path(spec).expanduser().is_file():
+            raise UsageError(f"{source} {logical}={spec}: no such file")
+
+
+def _write_safely(record: dict, path: Path) -> Path:
+    """Write ``record`` to ``path``; if that fails, to a fallback file, so the run is never lost."""
+    try:
+        return write_record(record, path)
+    except OSError as err:
+        fallback = Path(tempfile.gettempdir()) / f"leakagelib-{path.name}"
+        written = write_record(record, fallback)
+        print(f"error: could not write {path} ({err}); the record is in {written}", file=sys.stderr)
+        raise SystemExit(1) from err
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from . import experiments
-    from .experiments.registry import parse_data_overrides
+    from .experiments.registry import env_data_overrides, parse_data_overrides
 
+    experiments.get(args.id)  # an unknown id fails here, naming the known ones
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {args.seed}")
+    check_device(args.device)
     overrides = parse_data_overrides(args.data or [])
+    check_data(args.id, overrides, "--data")
+    check_data(
+        args.id,
+        {k: v for k, v in env_data_overrides().items() if k not in overrides},
+        "LEAKAGELIB_DATA",
+    )
+    default = record_filename(args.id).replace(".json", f".{args.scale}.json")
+    out = check_out(args.out or default)
     record = experiments.run(
         args.id,
         args.scale,
@@ -66,8 +141,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         download=args.download,
     )
     print(format_table(record["rows"]))
-    out = args.out or record_filename(args.id).replace(".json", f".{args.scale}.json")
-    path = write_record(record, out)
+    path = _write_safely(record, out)
     wall = record["provenance"]["wall_seconds"]
     print(f"\n{len(record['rows'])} rows in {wall:.1f} s; record written to {path}")
     return 0

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from leakagelib.cli import build_parser, format_table, main
+from leakagelib.cli import build_parser, main
 from leakagelib.records import read_record
+from leakagelib.reporting import format_table
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -109,3 +110,80 @@ def test_download_flag_parses_three_ways():
     assert parse(["reproduce", "intro/bias-attack"]).download is None
     assert parse(["reproduce", "intro/bias-attack", "--download"]).download is True
     assert parse(["reproduce", "intro/bias-attack", "--no-download"]).download is False
+
+
+def _no_run(monkeypatch) -> list:
+    """Make ``experiments.run`` record that it was called (the checks must come first)."""
+    calls: list = []
+    monkeypatch.setattr("leakagelib.experiments.run", lambda *a, **k: calls.append(a))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--seed", "-1"], "--seed must be between 0 and"),
+        (["--seed", str(2**40)], "--seed must be between 0 and"),
+        (["--device", "gpu"], "is not one of cpu, cuda, cuda:N"),
+        (["--data", "mnsit=x.npz"], "'mnsit', which intro/bias-attack does not use; it uses mnist"),
+    ],
+)
+def test_the_command_line_checks_arguments_before_the_run(
+    extra, message, capsys, monkeypatch, tmp_path
+):
+    calls = _no_run(monkeypatch)
+    args = ["reproduce", "intro/bias-attack", "--quiet", "--out", str(tmp_path / "r.json"), *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert err.count("\n") == 1, "one line"
+    assert calls == [], "nothing ran"
+
+
+def test_an_out_path_that_is_a_directory_is_refused_before_the_run(capsys, monkeypatch, tmp_path):
+    calls = _no_run(monkeypatch)
+    assert main(["reproduce", "intro/bias-attack", "--quiet", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err and calls == []
+
+
+def test_an_out_path_below_a_file_is_refused_before_the_run(capsys, monkeypatch, tmp_path):
+    calls = _no_run(monkeypatch)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert (
+        main(["reproduce", "intro/bias-attack", "--quiet", "--out", str(blocker / "r.json")]) == 2
+    )
+    assert "is a file, so the folder cannot be made" in capsys.readouterr().err and calls == []
+
+
+def test_a_typo_in_the_data_environment_variable_is_refused(capsys, monkeypatch, tmp_path):
+    calls = _no_run(monkeypatch)
+    monkeypatch.setenv("LEAKAGELIB_DATA", "cifar=x.npz")
+    assert (
+        main(["reproduce", "intro/bias-attack", "--quiet", "--out", str(tmp_path / "r.json")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "LEAKAGELIB_DATA names dataset 'cifar', which no experiment uses" in err
+    assert "mnist" in err and calls == []
+
+
+def test_a_record_whose_write_fails_goes_to_a_fallback_file(capsys, monkeypatch, tmp_path):
+    import leakagelib.cli as cli
+
+    real_write = cli.write_record
+    target = tmp_path / "r.json"
+
+    def failing(record, path):
+        if path == target:
+            raise OSError("disk full")
+        return real_write(record, path)
+
+    monkeypatch.setattr(cli, "write_record", failing)
+    monkeypatch.setattr(cli.tempfile, "gettempdir", lambda: str(tmp_path / "fallback"))
+    with pytest.raises(SystemExit) as stop:
+        main(["reproduce", "intro/bias-attack", "--quiet", "--out", str(target)])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    fallback = tmp_path / "fallback" / "leakagelib-r.json"
+    assert "disk full" in err and str(fallback) in err
+    assert read_record(fallback)["experiment"] == "intro/bias-attack"

@@ -7,10 +7,23 @@ Importing this package imports every experiment module so the registry is full.
 from importlib import import_module
 from pkgutil import iter_modules
 
+from .config import ScaleConfig, Settings
 from .registry import Context, Experiment, available, experiment, get, run
 
+#: Modules of this package that hold the machinery, not experiments.
+_MACHINERY = {"registry", "config", "case"}
+
 for _info in iter_modules(__path__):
-    if _info.name != "registry":
+    if _info.name not in _MACHINERY:
         import_module(f"{__name__}.{_info.name}")
 
-__all__ = ["Context", "Experiment", "available", "experiment", "get", "run"]
+__all__ = [
+    "Context",
+    "Experiment",
+    "ScaleConfig",
+    "Settings",
+    "available",
+    "experiment",
+    "get",
+    "run",
+]

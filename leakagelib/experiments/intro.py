@@ -10,7 +10,7 @@ from ..gradients import per_sample_updates
 from .registry import Context, experiment
 
 
-@experiment("intro/bias-attack", row_keys=("image", "psnr"))
+@experiment("intro/bias-attack", row_keys=("image", "psnr"), datasets=("mnist",))
 def bias_attack(ctx: Context) -> list[dict]:
     """Closed-form recovery of each image from an MLP's first-layer gradient (Phong et al.).
 

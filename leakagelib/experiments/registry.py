@@ -21,6 +21,7 @@ import torch
 
 from .. import data as _data
 from ..records import provenance
+from .config import EMPTY, ScaleConfig, Settings
 
 T = TypeVar("T")
 
@@ -74,6 +75,7 @@ class Context:
     data: dict[str, str] = field(default_factory=dict)
     progress: bool = True
     download: bool | None = None
+    settings: ScaleConfig = EMPTY
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -85,6 +87,11 @@ class Context:
     def paper(self) -> bool:
         """True at paper scale."""
         return self.scale == "paper"
+
+    @property
+    def config(self) -> Settings:
+        """The running experiment's settings at this run's scale (see :class:`ScaleConfig`)."""
+        return self.settings.at(self.scale)
 
     def pick(self, ci: T, paper: T) -> T:
         """The value for this run's scale."""
@@ -135,25 +142,52 @@ ExperimentFn = Callable[[Context], "list[dict[str, Any]] | dict[str, Any]"]
 
 @dataclass(frozen=True)
 class Experiment:
-    """A registered experiment: its id, function, required row keys and summary."""
+    """A registered experiment: id, function, row keys, summary, config and the paper's numbers.
+
+    ``config`` holds its settings at both scales (:class:`ScaleConfig`);
+    ``reference`` the paper's numbers as rows with the same keys as the
+    experiment's own rows (what :func:`leakagelib.reporting.compare` puts
+    beside them), and ``reference_source`` where in the paper they stand.
+    """
 
     id: str
     fn: ExperimentFn
     row_keys: tuple[str, ...]
     summary: str
+    config: ScaleConfig = EMPTY
+    reference: tuple[dict[str, Any], ...] = ()
+    reference_source: str = ""
+    datasets: tuple[str, ...] = ()
 
 
 _EXPERIMENTS: dict[str, Experiment] = {}
 
 
-def experiment(id: str, *, row_keys: Iterable[str]) -> Callable[[ExperimentFn], ExperimentFn]:
-    """Register ``fn(ctx) -> rows`` under ``id``; every row must carry ``row_keys``."""
+def experiment(
+    id: str,
+    *,
+    row_keys: Iterable[str],
+    config: ScaleConfig = EMPTY,
+    reference: Iterable[dict[str, Any]] = (),
+    reference_source: str = "",
+    datasets: Iterable[str] = (),
+) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Register ``fn(ctx) -> rows`` under ``id``; every row must carry ``row_keys``.
+
+    ``config`` is the experiment's :class:`ScaleConfig` (the function reads
+    ``ctx.config``); ``reference`` the paper's numbers as rows, and
+    ``reference_source`` the table or figure they come from; ``datasets``
+    the logical dataset names it loads (what ``--data NAME=...`` may replace).
+    """
 
     def decorate(fn: ExperimentFn) -> ExperimentFn:
         if id in _EXPERIMENTS:
             raise ValueError(f"experiment id {id!r} is registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _EXPERIMENTS[id] = Experiment(id, fn, tuple(row_keys), summary)
+        rows = tuple(dict(r) for r in reference)
+        _EXPERIMENTS[id] = Experiment(
+            id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets)
+        )
         return fn
 
     return decorate
@@ -162,6 +196,11 @@ def experiment(id: str, *, row_keys: Iterable[str]) -> Callable[[ExperimentFn], 
 def available() -> list[str]:
     """All registered experiment ids, sorted."""
     return sorted(_EXPERIMENTS)
+
+
+def known_datasets() -> list[str]:
+    """Every logical dataset name some registered experiment loads, sorted."""
+    return sorted({name for exp in _EXPERIMENTS.values() for name in exp.datasets})
 
 
 def get(id: str) -> Experiment:
@@ -197,6 +236,7 @@ def run(
         data=overrides,
         progress=progress,
         download=download,
+        settings=exp.config,
     )
     torch.manual_seed(seed)
     start = time.perf_counter()

@@ -1,0 +1,132 @@
+"""Tables for the book and the command line: paper | paper-scale record | this run, side by side.
+
+Every chapter shows an experiment's numbers the same way: the paper's (stored
+with the experiment as its ``reference`` rows, see
+:func:`leakagelib.experiments.experiment`), the paper-scale record in
+``results/`` when one exists, and the run the chapter just made.
+:func:`compare` joins the three on the rows' key columns; :class:`Table`
+renders as an HTML table in a notebook and as aligned text elsewhere
+(:func:`format_table`, which the command line prints).
+
+Used by every chapter and by :mod:`leakagelib.cli`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["MISSING", "Table", "compare", "format_table"]
+
+#: What :func:`compare` shows where a source has no value.
+MISSING = "–"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+    return str(value)
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The union of the rows' scalar keys, in order of first appearance."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns and not isinstance(row[k], (list, dict)))
+    return columns
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as a plain aligned text table (default columns: the union of scalar keys)."""
+    columns = list(columns) if columns is not None else _columns(rows)
+    cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells)
+    return "\n".join(lines)
+
+
+class Table:
+    """Rows shown as a table: HTML in a notebook (``_repr_html_``), aligned text with ``str``."""
+
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        columns: Sequence[str] | None = None,
+        caption: str = "",
+    ) -> None:
+        self.rows = [dict(r) for r in rows]
+        self.columns = list(columns) if columns is not None else _columns(self.rows)
+        self.caption = caption
+
+    def __str__(self) -> str:
+        text = format_table(self.rows, self.columns)
+        return f"{self.caption}\n{text}" if self.caption else text
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(f"<td>{html.escape(_fmt(r.get(c, '')))}</td>" for c in self.columns)
+            + "</tr>"
+            for r in self.rows
+        )
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _index(rows: Iterable[Mapping[str, Any]], on: Sequence[str]) -> dict[tuple, Mapping[str, Any]]:
+    return {tuple(r.get(k) for k in on): r for r in rows}
+
+
+def compare(
+    experiment_id: str,
+    run: Mapping[str, Any] | None,
+    *,
+    on: Sequence[str],
+    values: Sequence[str],
+    record: Mapping[str, Any] | None | str = "results",
+    caption: str = "",
+) -> Table:
+    """The paper's reference rows, the paper-scale record and ``run`` side by side.
+
+    ``run`` and ``record`` are experiment records (``{"rows": [...], ...}``);
+    ``record="results"`` (the default) reads the experiment's record from
+    ``results/`` (none: an empty column). Rows are matched on the ``on``
+    columns; for every name in ``values`` the table has the columns
+    ``NAME (paper)``, ``NAME (record)`` and ``NAME (this run)``, with :data:`MISSING`
+    where a source has no such row. Row order: the paper's, then rows only
+    the record or the run has.
+    """
+    from . import experiments
+    from .records import paper_record
+
+    exp = experiments.get(experiment_id)
+    if record == "results":
+        record = paper_record(experiment_id)
+    sources = {
+        "paper": list(exp.reference),
+        "record": list(record["rows"]) if record else [],
+        "this run": list(run["rows"]) if run else [],
+    }
+    indexed = {name: _index(rows, on) for name, rows in sources.items()}
+    keys: list[tuple] = []
+    for rows in indexed.values():
+        keys.extend(k for k in rows if k not in keys)
+    out = []
+    for key in keys:
+        row: dict[str, Any] = dict(zip(on, key, strict=True))
+        for value in values:
+            for name, rows in indexed.items():
+                found = rows[key].get(value) if key in rows else None
+                row[f"{value} ({name})"] = MISSING if found is None else found
+        out.append(row)
+    return Table(out, caption=caption or f"{experiment_id}: paper | results/ record | this run")
