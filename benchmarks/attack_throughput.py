@@ -1,10 +1,10 @@
 """Attack throughput: optimisation-attack iterations per second, batched versus looped.
 
-Runs the Bayes attack (Gaussian likelihood, TV prior, Adam) on ``bayes-cnn``
-with MNIST-sized inputs (1×28×28) in three ways:
+Runs the Bayes attack (the ``bayes`` preset: Gaussian likelihood, TV prior,
+Adam) on ``bayes-cnn`` with MNIST-sized inputs (1×28×28) in three ways:
 
 * one image;
-* 64 images as one batched program (``reconstruct(..., stacked=True)``:
+* 64 images as one batched program (the attack called on the stacked updates:
   vmap over the 64 single-image attacks);
 * 64 images attacked one after another in a Python loop (what the peers do).
 
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from leakagelib.attacks import AttackConfig, Gaussian, TotalVariation, reconstruct
+from leakagelib.attacks import Gaussian, preset
 from leakagelib.gradients import per_sample_updates
 from leakagelib.models import build
 
@@ -34,20 +34,10 @@ def _sync(device: str) -> None:
 
 def _attack(model, updates, labels, steps: int, device: str) -> float:
     """Seconds for one ``steps``-step batched attack on the stacked ``updates``."""
-    config = AttackConfig(steps=steps, lr=0.5, decay=0.94, beta=0.1)
+    attack = preset("bayes", likelihood=Gaussian(0.1), beta=0.1, steps=steps)
     _sync(device)
     start = time.perf_counter()
-    reconstruct(
-        model,
-        updates,
-        labels=labels,
-        likelihood=Gaussian(0.1),
-        prior=TotalVariation(2),
-        config=config,
-        input_shape=(1, 28, 28),
-        stacked=True,
-        device=device,
-    )
+    attack(model, updates, labels=labels, input_shape=(1, 28, 28), device=device)
     _sync(device)
     return time.perf_counter() - start
 

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 
 from .attacks import AttackConfig, Likelihood, Prior, reconstruct
 from .defenses.base import GradientDefense
-from .gradients import per_sample_updates
 
 Update = dict[str, Tensor]
 Adversary = Callable[[Update, Tensor], Tensor]
@@ -77,9 +76,9 @@ class SyntheticGaussian:
         x = torch.randn((n, self.dim), generator=generator)
         return x, (x @ self.W.T).argmax(1)
 
-    def updates(self, x: Tensor, y: Tensor) -> Update:
-        """Each input's own gradient, stacked (one client update per input)."""
-        return per_sample_updates(self.model, x.reshape(x.shape[0], 1, 1, -1), y)
+    def images(self, x: Tensor) -> Tensor:
+        """Inputs ``n × dim`` as the ``n × 1 × 1 × dim`` "images" the network takes."""
+        return x.reshape(x.shape[0], 1, 1, -1)
 
 
 @dataclass
@@ -155,11 +154,10 @@ def optimisation_adversary(
             prior=prior,
             config=config,
             input_shape=(1, 1, task.dim),
-            stacked=True,
             generator=generator,
             callback=callback,
         )
-        return result.images[0, :, 0].reshape(-1, task.dim)
+        return result.inputs().reshape(-1, task.dim)
 
     return adversary
 
@@ -171,5 +169,5 @@ def defended(
     y: Tensor,
     generator: torch.Generator | None = None,
 ) -> Update:
-    """The defended, stacked updates of inputs ``x`` on ``task``'s network."""
-    return defense.apply(task.updates(x, y), generator)
+    """The defended, stacked updates of inputs ``x`` on ``task``'s network (one client per input)."""
+    return defense.share(task.model, task.images(x), y, generator, per_image=True)

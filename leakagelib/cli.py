@@ -1,10 +1,15 @@
-"""The command line: ``python -m leakagelib list`` and ``python -m leakagelib reproduce``.
+"""The command line: ``python -m leakagelib list | reproduce | campaign``.
 
 ``reproduce ID --scale ci|paper [--data LOGICAL=SPEC ...] [--device cpu|cuda]
-[--seed N] [--out FILE.json] [--download | --no-download]`` runs a registered
-experiment (downloading missing datasets only at paper scale unless told
-otherwise), prints its rows
-as a table and writes the JSON record atomically (see :mod:`leakagelib.records`).
+[--seed N] [--out FILE.json] [--resume] [--download | --no-download]`` runs a
+registered experiment (downloading missing datasets only at paper scale
+unless told otherwise), prints its rows as a table and writes the JSON record
+atomically (see :mod:`leakagelib.records`). Every argument is checked before
+any work starts; a bad one exits with status 2 and one line. Finished units
+are kept in ``OUT.partial`` as the run goes, so ``--resume`` continues an
+interrupted run (:mod:`leakagelib.experiments.resume`). ``campaign --scale
+paper [--only ID ...]`` runs every experiment into ``results/`` in order,
+skipping finished records and resuming partial ones.
 """
 
 from __future__ import annotations
@@ -114,7 +119,8 @@ def _write_safely(record: dict, path: Path) -> Path:
         raise SystemExit(1) from err
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> int:
+def _checked_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """Check the run's arguments before any work; return its ``--data`` overrides."""
     from . import experiments
     from .experiments.registry import env_data_overrides, parse_data_overrides
 
@@ -124,13 +130,31 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     check_device(args.device)
     overrides = parse_data_overrides(args.data or [])
     check_data(args.id, overrides, "--data")
-    check_data(
-        args.id,
-        {k: v for k, v in env_data_overrides().items() if k not in overrides},
-        "LEAKAGELIB_DATA",
-    )
-    default = record_filename(args.id).replace(".json", f".{args.scale}.json")
-    out = check_out(args.out or default)
+    env = {k: v for k, v in env_data_overrides().items() if k not in overrides}
+    check_data(args.id, env, "LEAKAGELIB_DATA")
+    return overrides
+
+
+def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str]):
+    """The partial record beside ``out`` (``OUT.partial``); refuses to drop one without --resume."""
+    from .experiments.resume import PartialRecord
+
+    path = out.with_name(out.name + ".partial")
+    if path.exists() and not args.resume:
+        raise UsageError(
+            f"{path} holds finished units of an earlier run: pass --resume to continue it, "
+            "or delete it to start afresh"
+        )
+    identity = {"experiment": args.id, "scale": args.scale, "seed": args.seed, "data": overrides}
+    return PartialRecord(path, identity, resume=args.resume)
+
+
+def run_to_record(args: argparse.Namespace, out: Path) -> Path:
+    """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign)."""
+    from . import experiments
+
+    overrides = _checked_overrides(args)
+    partial = _partial(args, out, overrides)
     record = experiments.run(
         args.id,
         args.scale,
@@ -139,12 +163,70 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         data=overrides,
         progress=not args.quiet,
         download=args.download,
+        partial=partial,
     )
     print(format_table(record["rows"]))
     path = _write_safely(record, out)
+    partial.discard()
     wall = record["provenance"]["wall_seconds"]
     print(f"\n{len(record['rows'])} rows in {wall:.1f} s; record written to {path}")
+    return path
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    default = record_filename(args.id).replace(".json", f".{args.scale}.json")
+    out = check_out(args.out or default)
+    _checked_overrides(args)
+    run_to_record(args, out)
     return 0
+
+
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    """Every experiment (or ``--only`` ones) in order into ``--results``, skipping finished ones."""
+    from . import experiments
+
+    ids = args.only or experiments.available()
+    for exp_id in ids:
+        experiments.get(exp_id)
+    results = Path(args.results)
+    plan = []
+    for exp_id in ids:
+        out = check_out(str(results / record_filename(exp_id)))
+        partial = out.with_name(out.name + ".partial")
+        status = "done" if out.exists() else ("partial" if partial.exists() else "to run")
+        plan.append((exp_id, out, status))
+        print(f"{exp_id:28s} {status}")
+    for exp_id, out, status in plan:
+        if status == "done":
+            continue
+        print(f"\n== {exp_id} ({args.scale}, {args.device})")
+        run_args = argparse.Namespace(
+            **{**vars(args), "id": exp_id, "resume": True, "data": args.data}
+        )
+        run_to_record(run_args, out)
+    return 0
+
+
+def _run_options() -> argparse.ArgumentParser:
+    """The options every run takes (``reproduce`` and ``campaign``)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--scale", choices=("ci", "paper"), default="ci")
+    common.add_argument(
+        "--data",
+        action="append",
+        metavar="LOGICAL=SPEC",
+        help="replace a dataset the experiment uses, e.g. mnist=../shared/data/mnist.npz (repeatable)",
+    )
+    common.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument(
+        "--download",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="download missing torchvision/MedMNIST datasets (default: only with --scale paper)",
+    )
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,26 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list models, datasets and experiments").set_defaults(fn=_cmd_list)
-    rep = sub.add_parser("reproduce", help="run an experiment and write its JSON record")
-    rep.add_argument("id", help="experiment id, e.g. intro/bias-attack (see `list`)")
-    rep.add_argument("--scale", choices=("ci", "paper"), default="ci")
-    rep.add_argument(
-        "--data",
-        action="append",
-        metavar="LOGICAL=SPEC",
-        help="replace a dataset the experiment uses, e.g. mnist=../shared/data/mnist.npz (repeatable)",
+    common = _run_options()
+    rep = sub.add_parser(
+        "reproduce", parents=[common], help="run an experiment and write its JSON record"
     )
-    rep.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("id", help="experiment id, e.g. intro/bias-attack (see `list`)")
     rep.add_argument("--out", help="record path (default: ID with / as -, then .SCALE.json)")
     rep.add_argument(
-        "--download",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="download missing torchvision/MedMNIST datasets (default: only with --scale paper)",
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from OUT.partial (same arguments, same seeds)",
     )
-    rep.add_argument("--quiet", action="store_true", help="no progress bars")
     rep.set_defaults(fn=_cmd_reproduce)
+    camp = sub.add_parser(
+        "campaign",
+        parents=[common],
+        help="run every experiment (or --only some) into --results, skipping finished ones",
+    )
+    camp.add_argument("--only", nargs="+", metavar="ID", help="these experiments, in this order")
+    camp.add_argument(
+        "--results", default="results", help="folder of the records (default: results)"
+    )
+    camp.set_defaults(fn=_cmd_campaign)
     return parser
 
 
@@ -186,7 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: no record written", file=sys.stderr)
+        print(
+            "interrupted: no record written; finished units stay in OUT.partial "
+            "(rerun with --resume to continue)",
+            file=sys.stderr,
+        )
         return 130
 
 

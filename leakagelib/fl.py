@@ -34,9 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .bottlenecks import kl_loss
-from .defenses.base import GradientDefense
-from .defenses.dpsgd import DPSGD
+from .defenses.base import GradientDefense, NoDefense
+from .defenses.bottlenecks import kl_loss
 
 __all__ = [
     "FLResult",
@@ -126,31 +125,38 @@ def _step(
     optimizer: torch.optim.Optimizer,
     x: Tensor,
     y: Tensor,
-    defense: GradientDefense | None,
+    defense: GradientDefense,
     generator: torch.Generator | None,
 ) -> Tensor:
-    """One optimiser step on the batch; with ``defense``, on the gradient it lets through.
+    """One optimiser step on the update ``defense`` shares for the batch; returns its training loss.
 
-    DP-SGD privatises the per-sample cross-entropy gradients (clip, sum, noise,
-    average); any other gradient defense transforms the batch gradient of the
-    training loss. Returns the batch's training loss.
+    The client's objective is :func:`training_loss` (cross-entropy plus any
+    bottleneck's β·KL). A defense that evaluates it on the whole batch (every
+    defense but DP-SGD) reports the loss of that very forward pass, so no
+    extra pass draws a bottleneck's noise or moves batch-norm statistics;
+    DP-SGD evaluates it once per image inside its per-sample transform, and
+    the batch's loss is then computed afterwards without gradients.
     """
+    seen: list[Tensor] = []
+
+    def objective(net: nn.Module, images: Tensor, labels: Tensor) -> Tensor:
+        value = training_loss(net, images, labels)
+        if images is x:  # the whole batch, not one image inside a per-sample transform
+            seen.append(value.detach())
+        return value
+
     optimizer.zero_grad()
     params = dict((n, p) for n, p in model.named_parameters() if p.requires_grad)
-    if isinstance(defense, DPSGD):
-        with torch.no_grad():
-            loss = F.cross_entropy(model(x), y)
-        grads = defense.privatize(model, x, y, generator=generator)
+    grads = defense.share(model, x, y, generator, loss=objective)
+    if seen:
+        loss = seen[-1]
     else:
-        loss = training_loss(model, x, y)
-        values = torch.autograd.grad(loss, list(params.values()))
-        grads = dict(zip(params, (v.detach() for v in values), strict=True))
-        if defense is not None:
-            grads = defense.apply(grads, generator)
+        with torch.no_grad():
+            loss = training_loss(model, x, y)
     for name, p in params.items():
         p.grad = grads[name].to(p.dtype)
     optimizer.step()
-    return loss.detach()
+    return loss
 
 
 def _local_epochs(
@@ -163,7 +169,7 @@ def _local_epochs(
     batch_size: int,
     generator: torch.Generator,
     augment: Augment | None,
-    defense: GradientDefense | None,
+    defense: GradientDefense,
 ) -> None:
     model.train()
     n = images.shape[0]
@@ -204,11 +210,13 @@ def federated_averaging(
     one sample when the fraction is positive). ``patience=None`` disables early
     stopping. ``snapshot_rounds`` lists the rounds whose global state to keep
     (0 = before training). ``defense`` (DP-SGD, gradient compression, ...)
-    transforms every local step's gradient, as the CVB paper trains its
-    perturbation baselines (§VI-C). Everything random comes from ``seed``; the
-    bottlenecks' sampling uses torch's global generator, seeded from it too.
+    is what every local step's update goes through (``None``: :class:`NoDefense`),
+    as the CVB paper trains its perturbation baselines (§VI-C). Everything
+    random comes from ``seed``; the bottlenecks' sampling uses torch's global
+    generator, seeded from it too.
     """
     _check_data(images, labels, "training")
+    defense = NoDefense() if defense is None else defense
     if rounds < 0 or local_epochs < 1 or batch_size < 1:
         raise ValueError(
             f"need rounds >= 0, local_epochs >= 1, batch_size >= 1; got {rounds}, {local_epochs}, {batch_size}"
@@ -311,6 +319,7 @@ def train(
     _check_data(images, labels, "training")
     if steps < 0 or batch_size < 1:
         raise ValueError(f"need steps >= 0 and batch_size >= 1, got {steps}, {batch_size}")
+    defense = NoDefense() if defense is None else defense
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     net = copy.deepcopy(model)

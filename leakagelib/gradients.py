@@ -13,14 +13,17 @@ Two ways to compute one:
   with :func:`torch.func.vmap` (what the attacker simulates).
 
 Label recovery (:func:`recover_label_idlg`, :func:`recover_labels_batch`) reads
-labels off the last layer's gradient. Introduced in the chapter "What a client
-update reveals".
+labels off the last layer's gradient. :func:`check_batch` and
+:func:`check_update` reject input no client could produce (an empty batch,
+NaN pixels, labels that are not class indices of the model, non-finite
+updates) with a message that names the argument and the fix. Introduced in the
+chapter "What a client update reveals".
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,7 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 __all__ = [
     "Update",
+    "check_batch",
     "check_update",
     "client_update",
     "functional_gradient",
@@ -41,6 +45,7 @@ __all__ = [
     "per_sample_updates",
     "recover_label_idlg",
     "recover_labels_batch",
+    "stack_updates",
 ]
 
 
@@ -74,16 +79,69 @@ def loss_function(name: str) -> LossFn:
     return _LOSSES[name]
 
 
-def _check_batch(images: Tensor, labels: Tensor, loss: str) -> None:
-    if images.dim() != 4:
-        raise ValueError(f"images must be N×C×H×W, got shape {tuple(images.shape)}")
-    if labels.dim() != 1 or labels.shape[0] != images.shape[0]:
+def _num_classes(model: nn.Module, images: Tensor) -> int:
+    """The model's number of outputs, preferably without a forward pass.
+
+    Read off the last parametrised module when it is an ``nn.Linear`` (every
+    classifier of the zoo). Otherwise one image is passed forward in eval mode
+    with the random-number state forked, so that a bottleneck's noise draw or a
+    batch-norm statistics update cannot change what the caller computes next.
+    """
+    last = None
+    for module in model.modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            last = module
+    if isinstance(last, nn.Linear):
+        return last.out_features
+    modes = [(m, m.training) for m in model.modules()]
+    devices = [images.device] if images.device.type == "cuda" else []
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            return int(model(images[:1]).shape[-1])
+    finally:
+        for module, training in modes:
+            module.train(training)
+
+
+def check_batch(model: nn.Module, images: Tensor, labels: Tensor, *, loss: str = "ce") -> None:
+    """Raise for a batch no client could train on, naming the argument and the fix.
+
+    ``images`` must be a non-empty finite ``N×C×H×W`` tensor and ``labels`` a
+    vector of ``N`` integer class indices of the model's outputs: PyTorch's
+    cross-entropy silently drops the label −100 (its ``ignore_index``) from the
+    mean, and an out-of-range label fails obscurely inside ``vmap``. The
+    logistic loss (R-GAP) takes labels in {−1, +1} instead.
+    """
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"images must be N×C×H×W, got shape {shape}")
+    if images.shape[0] == 0:
         raise ValueError(
-            f"labels must be a vector of length {images.shape[0]} (one per image), "
-            f"got shape {tuple(labels.shape)}"
+            "images is an empty batch (N = 0); a client update needs at least one image"
         )
-    if loss == "logistic" and not bool(((labels == 1) | (labels == -1)).all()):
-        raise ValueError("the logistic loss takes labels in {-1, +1}")
+    if not bool(torch.isfinite(images).all()):
+        raise ValueError("images contain NaN or infinite values; clean or re-normalise the batch")
+    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.shape[0] != images.shape[0]:
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(
+            f"labels must be a vector of length {images.shape[0]} (one per image), got shape {shape}"
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels must be integer class indices, got dtype {labels.dtype}; use labels.long()"
+        )
+    if loss == "logistic":
+        if not bool(((labels == 1) | (labels == -1)).all()):
+            raise ValueError("the logistic loss takes labels in {-1, +1}")
+        return
+    classes = _num_classes(model, images)
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        raise ValueError(
+            f"labels must be class indices in 0..{classes - 1} for this model's {classes} outputs, "
+            f"got values {low}..{high}"
+        )
 
 
 def params_of(model: nn.Module) -> Update:
@@ -96,7 +154,7 @@ def client_update(model: nn.Module, images: Tensor, labels: Tensor, *, loss: str
 
     The model's parameters are not changed and its ``.grad`` fields are not touched.
     """
-    _check_batch(images, labels, loss)
+    check_batch(model, images, labels, loss=loss)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     value = loss_function(loss)(model(images), labels)
@@ -120,7 +178,7 @@ def local_update(
     cycling through the data, so the update is deterministic. With
     ``steps=1`` and the full batch it equals ``lr * client_update(...)``.
     """
-    _check_batch(images, labels, loss)
+    check_batch(model, images, labels, loss=loss)
     if steps < 1 or lr <= 0:
         raise ValueError(f"local_update needs steps >= 1 and lr > 0, got steps={steps}, lr={lr}")
     n = images.shape[0]
@@ -169,7 +227,7 @@ def per_sample_updates(
     samples; DP-SGD clips these before it averages them. Models with a
     variational bottleneck draw independent noise for each image.
     """
-    _check_batch(images, labels, loss)
+    check_batch(model, images, labels, loss=loss)
     gradient = functional_gradient(model, loss=loss)
 
     def one(params: Update, x: Tensor, y: Tensor) -> Update:
@@ -179,8 +237,26 @@ def per_sample_updates(
     return vmap(one, in_dims=(None, 0, 0), randomness="different")(params_of(model), images, labels)
 
 
-def check_update(model: nn.Module, update: Update) -> None:
-    """Raise ``ValueError`` naming the first way ``update`` does not fit ``model``."""
+def stack_updates(updates: Sequence[Update]) -> Update:
+    """Several updates of one model as one stacked update (a leading dimension ``N``).
+
+    The form every attack takes: ``stack_updates([update])`` is a single
+    client's update as a batch of one.
+    """
+    updates = list(updates)
+    if not updates:
+        raise ValueError("stack_updates needs at least one update")
+    return {k: torch.stack([u[k] for u in updates]) for k in updates[0]}
+
+
+def check_update(model: nn.Module, update: Update, *, stacked: bool = False) -> int:
+    """Raise ``ValueError`` naming the first way ``update`` does not fit ``model``.
+
+    ``update`` maps every trainable parameter's name to a finite tensor of
+    that parameter's shape; with ``stacked=True`` every tensor has one more,
+    leading dimension ``N`` (one update per client, the attacks' input) and
+    ``N`` is returned (1 otherwise).
+    """
     if not isinstance(update, dict):
         raise ValueError(
             f"an update is a dict of parameter name → tensor, got {type(update).__name__}"
@@ -194,46 +270,65 @@ def check_update(model: nn.Module, update: Update) -> None:
         raise ValueError(
             f"update has entries {extra} that are not trainable parameters of the model"
         )
+    leading = {}
     for name, shape in expected.items():
         got = update[name]
         if not isinstance(got, Tensor):
             raise ValueError(f"update[{name!r}] is a {type(got).__name__}, not a tensor")
-        if got.shape != shape:
+        if stacked and got.dim() == len(shape) + 1 and got.shape[1:] == shape:
+            leading[name] = got.shape[0]
+        elif stacked:
+            raise ValueError(
+                f"update[{name!r}] has shape {tuple(got.shape)}, expected (N, *{tuple(shape)}): "
+                "a stacked update has one leading dimension N, one slice per client"
+            )
+        elif got.shape != shape:
             raise ValueError(
                 f"update[{name!r}] has shape {tuple(got.shape)}, the parameter has {tuple(shape)}"
             )
-
-
-def _last_layer(update: Update) -> tuple[Tensor, Tensor | None]:
-    """The last fully connected layer's weight gradient (K×D) and its bias gradient, if any."""
-    names = list(update)
-    for i in range(len(names) - 1, -1, -1):
-        g = update[names[i]]
-        if g.dim() == 2:
-            bias = (
-                update.get(names[i][: -len("weight")] + "bias")
-                if names[i].endswith("weight")
-                else None
+        if not bool(torch.isfinite(got).all()):
+            raise ValueError(
+                f"update[{name!r}] contains NaN or infinite entries; a client update is finite"
             )
+    if stacked and len(set(leading.values())) > 1:
+        raise ValueError(
+            f"a stacked update needs the same leading dimension N in every tensor, got {leading}"
+        )
+    return next(iter(leading.values())) if stacked else 1
+
+
+def _last_layer(model: nn.Module, update: Update) -> tuple[Tensor, Tensor | None]:
+    """The last fully connected layer's weight gradient (K×D) and its bias gradient, if any.
+
+    "Last" in the model's parameter order (``model.named_parameters()``), not
+    in the order of the dict's keys, which a defense or a user may have changed.
+    """
+    check_update(model, update)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    for name in reversed(names):
+        g = update[name]
+        if g.dim() == 2:
+            bias = update.get(name[: -len("weight")] + "bias") if name.endswith("weight") else None
             return g, bias
     raise ValueError("update has no 2-D (fully connected) weight gradient to read labels from")
 
 
-def recover_label_idlg(update: Update) -> int:
+def recover_label_idlg(model: nn.Module, update: Update) -> int:
     """The label of a single image from its cross-entropy gradient (iDLG, Zhao et al. 2020).
 
     For cross-entropy, the last layer's bias gradient is ``softmax(z) − onehot(y)``
     — negative only at the true label. Without a bias, the weight gradient's row
     ``k`` is that same factor times the (non-negative, after ReLU or sigmoid)
     penultimate features, so the true label's row is the one with a negative sum.
+    The last layer is the last in ``model``'s parameter order.
     """
-    weight, bias = _last_layer(update)
+    weight, bias = _last_layer(model, update)
     if bias is not None:
         return int(torch.argmin(bias).item())
     return int(torch.argmin(weight.sum(dim=1)).item())
 
 
-def recover_labels_batch(update: Update, n: int) -> Tensor:
+def recover_labels_batch(model: nn.Module, update: Update, n: int) -> Tensor:
     """The ``n`` labels of a batch from its mean cross-entropy gradient (sorted).
 
     The rule of GradInversion (Yin et al. 2021, §3.2): for a batch of distinct
@@ -241,9 +336,10 @@ def recover_labels_batch(update: Update, n: int) -> Tensor:
     present in the batch have a strongly negative minimum entry; the ``n``
     rows with the most negative minima are the labels. It assumes non-negative
     penultimate features and no repeated label (the paper's setting); with
-    repeats it still returns ``n`` distinct classes.
+    repeats it still returns ``n`` distinct classes. The last layer is the last
+    in ``model``'s parameter order.
     """
-    weight, _ = _last_layer(update)
+    weight, _ = _last_layer(model, update)
     if not 1 <= n <= weight.shape[0]:
         raise ValueError(
             f"n must be between 1 and the number of classes {weight.shape[0]}, got {n}"

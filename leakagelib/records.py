@@ -72,18 +72,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``record`` as JSON to ``path`` atomically (temporary file, then rename).
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data: tensors and numpy values as lists and numbers, ±inf as text.
 
-    An interrupted run never leaves a half-written record behind, and an
-    existing record is only replaced by a complete new one.
+    What a record holds after :func:`write_record` and :func:`read_record`;
+    partial records (:mod:`leakagelib.experiments.resume`) keep their rows
+    in this form so that a resumed run equals an uninterrupted one.
     """
-    missing = [k for k in REQUIRED_KEYS if k not in record]
-    if missing:
-        raise ValueError(f"record lacks the keys {missing}")
+    return json.loads(json.dumps(_jsonable(value), allow_nan=False))
+
+
+def write_json_atomically(value: Any, path: str | os.PathLike) -> Path:
+    """Write ``value`` as JSON to ``path`` atomically (temporary file, fsync, then rename).
+
+    An interrupted write never leaves a half-written file behind, and an
+    existing file is only replaced by a complete new one.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_jsonable(record), indent=1, allow_nan=False)
+    text = json.dumps(_jsonable(value), indent=1, allow_nan=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
@@ -95,6 +102,14 @@ def write_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``record`` as JSON to ``path`` atomically (see :func:`write_json_atomically`)."""
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks the keys {missing}")
+    return write_json_atomically(record, path)
 
 
 def read_record(path: str | os.PathLike) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,10 +29,11 @@ from leakagelib.attacks import (
     image_bounds,
     presets,
     reconstruct,
+    run_together,
 )
 from leakagelib.attacks.loop import sample_ball
 from leakagelib.attacks.search import Grid, log_beta_grid, search
-from leakagelib.gradients import client_update, per_sample_updates
+from leakagelib.gradients import client_update, per_sample_updates, stack_updates
 
 torch.set_num_threads(1)
 
@@ -186,7 +189,7 @@ def test_gradinversion_with_batchnorm_runs_in_the_batched_loop_and_pulls_towards
     x = torch.rand(2, 1, 4, 4)
     y = torch.tensor([0, 2])
     ups = per_sample_updates(net, x, y)
-    kw = dict(labels=y, likelihood=Gaussian(), input_shape=(1, 4, 4), stacked=True)
+    kw = dict(labels=y, likelihood=Gaussian(), input_shape=(1, 4, 4))
     penalty = BatchNormStatistics(net)
 
     def bn_gap(beta: float) -> float:
@@ -194,8 +197,8 @@ def test_gradinversion_with_batchnorm_runs_in_the_batched_loop_and_pulls_towards
         prior = gradinversion(tv=0.0, l2=0.0, bn=1.0)
         gen = torch.Generator().manual_seed(0)
         res = reconstruct(net, ups, prior=prior, config=cfg, generator=gen, **kw)
-        assert torch.isfinite(res.images).all()
-        return -float(penalty.log_prob(res.images[0, 0, 0].unsqueeze(0)))
+        assert torch.isfinite(res.inputs()).all()
+        return -float(penalty.log_prob(res.inputs()[:1]))
 
     assert bn_gap(10.0) < bn_gap(0.0)
 
@@ -227,11 +230,11 @@ def test_cpl_label_term_is_a_prior_the_loop_binds():
     net, x, y = tiny_net(), torch.rand(1, 1, 3, 3), torch.tensor([2])
     res = attack(
         net,
-        client_update(net, x, y),
+        stack_updates([client_update(net, x, y)]),
         input_shape=(1, 3, 3),
         generator=torch.Generator().manual_seed(0),
     )
-    assert torch.isfinite(res.images).all()
+    assert torch.isfinite(res.inputs()).all()
     with pytest.raises(ValueError, match="non-negative"):
         presets.cpl(label_weight=-1.0)
 
@@ -257,10 +260,9 @@ def test_noise_free_attack_recovers_inputs():
         prior=Uniform(),
         config=cfg,
         input_shape=(1, 3, 3),
-        stacked=True,
     )
-    assert res.images.shape == (1, 2, 1, 1, 3, 3)
-    err = (res.images[0, :, 0] - x).abs().max()
+    assert res.images.shape == (1, 2, 1, 1, 3, 3)  # H × N × n × input
+    err = (res.inputs() - x).abs().max()
     assert err < 1e-2, err
 
 
@@ -273,7 +275,6 @@ def test_settings_in_one_batch_equal_separate_runs():
         prior=TotalVariation(1),
         config=cfg,
         input_shape=(1, 3, 3),
-        stacked=True,
     )
     s1, s2 = Setting(0.1, 0.97, 0.01), Setting(0.3, 0.9, 1.0)
     both = reconstruct(
@@ -291,7 +292,7 @@ def test_bayes_and_l2_coincide_under_gaussian_noise():
     """With σ = 0.1, -log p is 100 × the σ = 1 objective; Adam is scale-free (§6, Table 2)."""
     net, x, y, ups = _problem(2)
     cfg = AttackConfig(steps=30, lr=0.2, decay=0.97)
-    kw = dict(labels=y, prior=TotalVariation(2), config=cfg, input_shape=(1, 3, 3), stacked=True)
+    kw = dict(labels=y, prior=TotalVariation(2), config=cfg, input_shape=(1, 3, 3))
     a = reconstruct(
         net,
         ups,
@@ -308,7 +309,7 @@ def test_bayes_and_l2_coincide_under_gaussian_noise():
         generator=torch.Generator().manual_seed(1),
         **kw,
     )
-    assert torch.allclose(a.images, b.images, atol=1e-4)
+    assert torch.allclose(a.inputs(), b.inputs(), atol=1e-4)
 
 
 def test_monte_carlo_ball_samples_are_uniform_in_the_ball():
@@ -333,10 +334,9 @@ def test_mc_samples_and_box_run():
         prior=Uniform(),
         config=cfg,
         input_shape=(1, 3, 3),
-        stacked=True,
         bounds=(lo, hi),
     )
-    assert float(res.images.min()) >= -1 - 1e-6 and float(res.images.max()) <= 1 + 1e-6
+    assert float(res.inputs().min()) >= -1 - 1e-6 and float(res.inputs().max()) <= 1 + 1e-6
     assert len(res.history) == 5
 
 
@@ -351,7 +351,6 @@ def test_bad_arguments_raise():
             likelihood=Gaussian(),
             prior=Uniform(),
             input_shape=(1, 3, 3),
-            stacked=True,
         )
     with pytest.raises(ValueError, match="bounds"):
         reconstruct(
@@ -362,7 +361,6 @@ def test_bad_arguments_raise():
             prior=Uniform(),
             config=AttackConfig(box=True),
             input_shape=(1, 3, 3),
-            stacked=True,
         )
     with pytest.raises(ValueError, match="optimizer"):
         AttackConfig(optimizer="sgd")
@@ -385,8 +383,196 @@ def test_bad_arguments_raise():
             likelihood="l2",
             prior=Uniform(),
             input_shape=(1, 3, 3),
-            stacked=True,
         )
+
+
+# ---------------------------------------------------------------- the loop, bit for bit
+
+#: Numbers computed by running the loop *before* it was split into small functions
+#: (leakagelib/attacks/loop.py at commit 7d43c17, ``run_attack`` of 240 lines), on this
+#: machine's CPU with one thread; the refactored loop must reproduce them exactly.
+ADAM_OBJECTIVE = [
+    [[0.045874956995248795, 0.03914245218038559], [0.06344617158174515, 0.043511420488357544]],
+    [[0.7924669981002808, 0.6170685291290283], [0.9802276492118835, 0.8789179921150208]],
+]
+ADAM_PIXELS = (
+    [0.3353150188922882, 0.34968411922454834, 0.7908391356468201],
+    [0.334190309047699, 0.4449985921382904, 0.5748254656791687],
+)
+ADAM_LAST_HISTORY = 0.4746670126914978
+LBFGS_OBJECTIVE = [
+    [
+        [3.4903055166068953e-06, 8.526624151272699e-05],
+        [4.694544622907415e-05, 0.00011395558249205351],
+    ]
+]
+LBFGS_PIXELS = (
+    [0.1520683914422989, 0.47990575432777405, 0.9882494211196899],
+    [0.2684427499771118, 0.4614296853542328, 0.7733609080314636],
+)
+LBFGS_HISTORY = [2.100534439086914, 0.05746220797300339, 0.0006036757258698344]
+
+
+def _fixed_problem():
+    torch.manual_seed(5)
+    net = tiny_net()
+    x = torch.rand(2, 1, 3, 3, generator=torch.Generator().manual_seed(11))
+    y = torch.tensor([1, 3])
+    return net, y, per_sample_updates(net, x, y)
+
+
+def test_adam_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
+    """Two settings with two likelihoods, two restarts, MC samples, box: every draw as before."""
+    net, y, ups = _fixed_problem()
+    cfg = AttackConfig(
+        steps=12, lr=0.1, decay=0.97, beta=0.01, restarts=2, mc_samples=2, delta=0.1, box=True
+    )
+    res = reconstruct(
+        net,
+        ups,
+        labels=y,
+        likelihood=[Gaussian(), Laplace()],
+        prior=TotalVariation(1),
+        config=cfg,
+        settings=[Setting(0.1, 0.97, 0.01), Setting(0.2, 0.9, 0.1)],
+        input_shape=(1, 3, 3),
+        bounds=image_bounds((0.5,), (0.5,)),
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert res.all_objective.tolist() == ADAM_OBJECTIVE
+    assert res.per_update(1)[0, 0, 0, 1].tolist() == ADAM_PIXELS[0]
+    assert res.per_update(0)[1, 0, 0, 2].tolist() == ADAM_PIXELS[1]
+    assert res.history[-1] == ADAM_LAST_HISTORY
+
+
+def test_lbfgs_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
+    """DLG-style L-BFGS with optimised labels and two restarts: every draw as before."""
+    net, y, ups = _fixed_problem()
+    cfg = AttackConfig(
+        steps=3, optimizer="lbfgs", lr=1.0, schedule="constant", decay=1.0, beta=0.0,
+        restarts=2, optimize_labels=True, lbfgs_iterations=5,
+    )  # fmt: skip
+    res = reconstruct(
+        net,
+        ups,
+        labels=None,
+        num_images=1,
+        likelihood=Gaussian(2**-0.5),
+        prior=Uniform(),
+        config=cfg,
+        input_shape=(1, 3, 3),
+        generator=torch.Generator().manual_seed(4),
+    )
+    assert res.all_objective.tolist() == LBFGS_OBJECTIVE
+    assert res.per_update()[0, 0, 0, 0].tolist() == LBFGS_PIXELS[0]
+    assert res.per_update()[1, 0, 0, 1].tolist() == LBFGS_PIXELS[1]
+    assert res.labels_of().tolist() == [[1], [3]]
+    assert res.history == LBFGS_HISTORY
+
+
+# ---------------------------------------------------------------- the result's accessors
+
+
+def test_result_accessors_name_what_positional_indexing_did():
+    net, x, y, ups = _problem(3)
+    cfg = AttackConfig(steps=3, lr=0.1, restarts=2)
+    res = reconstruct(
+        net,
+        ups,
+        labels=y,
+        likelihood=[Gaussian(), Laplace()],
+        prior=Uniform(),
+        config=cfg,
+        settings=[cfg.setting(), Setting(0.2, 0.9, 1.0)],
+        names=["l2", "l1"],
+        input_shape=(1, 3, 3),
+    )
+    assert res.num_settings == 2
+    assert torch.equal(res.per_update("l1"), res.images[1])  # N × n × input
+    assert res.per_update(1).shape == (3, 1, 1, 3, 3)
+    assert torch.equal(res.inputs("l1"), res.images[1, :, 0])  # (N·n) × input
+    assert torch.equal(res.inputs(-1), res.inputs(1))
+    assert torch.equal(res.objective_of("l2"), res.objective[0])  # N
+    assert res.restarts_of(0).shape == (3, 2, 1, 1, 3, 3)
+    assert res.setting_of("l1") == Setting(0.2, 0.9, 1.0)
+    assert res.labels_of() is None
+    with pytest.raises(KeyError, match="no setting named 'cos'"):
+        res.inputs("cos")
+    with pytest.raises(IndexError, match="setting must be an index"):
+        res.inputs(2)
+    with pytest.raises(ValueError, match="unique names"):
+        reconstruct(
+            net, ups, labels=y, likelihood=Gaussian(), prior=Uniform(), config=cfg,
+            input_shape=(1, 3, 3), names=["a", "b"],
+        )  # fmt: skip
+
+
+def test_inputs_flatten_several_images_per_update_in_update_order():
+    net = tiny_net()
+    x = torch.rand(4, 1, 3, 3)
+    y = torch.tensor([0, 1, 2, 3])
+    batches = stack_updates([client_update(net, x[:2], y[:2]), client_update(net, x[2:], y[2:])])
+    res = reconstruct(
+        net,
+        batches,
+        labels=y.reshape(2, 2),
+        likelihood=Gaussian(),
+        prior=Uniform(),
+        config=AttackConfig(steps=2, lr=0.1),
+        input_shape=(1, 3, 3),
+    )
+    assert res.per_update().shape == (2, 2, 1, 3, 3)
+    assert torch.equal(res.inputs()[2], res.per_update()[1, 0])
+
+
+# ---------------------------------------------------------------- configuration checks
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "words"),
+    [
+        ("steps", 2.5, TypeError, "steps must be an integer >= 1"),
+        ("steps", True, TypeError, "steps must be an integer >= 1"),
+        ("steps", 0, ValueError, "steps must be an integer >= 1"),
+        ("restarts", 1.0, TypeError, "restarts must be an integer"),
+        ("mc_samples", 0, ValueError, "mc_samples must be an integer >= 1"),
+        ("lbfgs_iterations", False, TypeError, "lbfgs_iterations must be an integer"),
+        ("lr", float("nan"), ValueError, "lr must be a finite number > 0"),
+        ("lr", -0.1, ValueError, "lr must be a finite number > 0"),
+        ("lr", "0.1", TypeError, "lr must be a finite number"),
+        ("beta", float("inf"), ValueError, "beta must be a finite number >= 0"),
+        ("beta", -1.0, ValueError, "beta must be a finite number >= 0"),
+        ("decay", 1.5, ValueError, "decay must be in (0, 1]"),
+        ("decay", 0.0, ValueError, "decay must be a finite number > 0"),
+        ("delta", float("nan"), ValueError, "delta must be a finite number >= 0"),
+        ("init_scale", 0.0, ValueError, "init_scale must be a finite number > 0"),
+        ("optimizer", "sgd", ValueError, "unknown optimizer 'sgd'"),
+    ],
+)
+def test_attack_config_names_the_bad_argument(field, value, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        AttackConfig(**{field: value})
+
+
+def test_setting_checks_its_fields_and_accepts_integers():
+    assert Setting(1, 1, 0).lr == 1
+    with pytest.raises(ValueError, match=re.escape("lr must be a finite number > 0")):
+        Setting(float("nan"), 0.9, 0.1)
+    with pytest.raises(ValueError, match="layer weighting"):
+        Setting(0.1, 0.9, 0.1, weighting="linear")
+
+
+def test_attacks_reject_non_finite_and_misshapen_updates():
+    net, x, y, ups = _problem(2)
+    kw = dict(labels=y, likelihood=Gaussian(), prior=Uniform(), input_shape=(1, 3, 3))
+    bad = {**ups, "1.bias": ups["1.bias"].clone()}
+    bad["1.bias"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"update\['1.bias'\] contains NaN"):
+        reconstruct(net, bad, **kw)
+    with pytest.raises(ValueError, match="one leading dimension N"):
+        reconstruct(net, {k: v[0] for k, v in ups.items()}, **kw)
+    with pytest.raises(ValueError, match="labels must be N × n or N with N = 2"):
+        reconstruct(net, ups, **{**kw, "labels": y[:1]})
 
 
 # ---------------------------------------------------------------- presets
@@ -401,18 +587,124 @@ def test_table1_presets_parts():
     assert bayes.config.lr == 0.5 and bayes.config.decay == 0.94 and bayes.config.steps == 200
 
 
+def test_presets_build_what_the_experiments_built_before_the_registry():
+    """The configs that cvb.attack_config, defenses._ig and bayes._attacks wrote out by hand."""
+    layers = LayerSelection(include=["1.weight"])
+    ig = presets.inverting_gradients(steps=100, lr=1.0, tv=0.01, include=["1.weight"])
+    assert ig.config == AttackConfig(
+        steps=100, optimizer="adam", lr=1.0, schedule="step", decay=0.1, signed=True, box=True,
+        init="normal", beta=0.01,
+    )  # fmt: skip
+    assert ig.likelihood == Cosine(layers=layers) and ig.prior == TotalVariation()
+    lbfgs = dict(steps=2, lr=0.1, sigma=1.0, labels="given", include=["1.weight"])
+    old = AttackConfig(steps=2, optimizer="lbfgs", lr=0.1, schedule="constant", beta=0.0)
+    # the old configs kept AttackConfig's decay 0.94, which the constant schedule never reads
+    idlg, cpl = presets.idlg(box=True, **lbfgs), presets.cpl(**lbfgs)
+    assert idlg.config == replace(old, box=True, decay=1.0)
+    assert cpl.config == replace(old, init="pattern", decay=1.0)
+    assert idlg.likelihood == cpl.likelihood == Gaussian(layers=layers)
+    assert idlg.prior == cpl.prior == Uniform() and idlg.labels == cpl.labels == "given"
+    ats = presets.inverting_gradients(steps=50, tv=1e-5, signed=False)
+    assert ats.config == AttackConfig(
+        steps=50, optimizer="adam", lr=0.1, schedule="step", decay=0.1, beta=1e-5, box=True
+    )
+    assert ats.likelihood == Cosine() and ats.prior == TotalVariation()
+    table2 = {a: presets.preset(a, steps=50) for a in ("l2", "l1", "cosine")}
+    assert [t.likelihood for t in table2.values()] == [Gaussian(), Laplace(), Cosine()]
+    for attack in table2.values():  # the Bayes loop; β is the search's to set
+        assert replace(attack.config, beta=1.0) == AttackConfig(
+            steps=50, lr=0.5, schedule="exponential", decay=0.94
+        )
+        assert attack.prior == TotalVariation(power=2)
+
+
+def test_preset_overrides_and_the_registry():
+    assert sorted(presets.PRESETS) == sorted(
+        [
+            "dlg",
+            "idlg",
+            "inverting-gradients",
+            "cpl",
+            "gradinversion",
+            "bayes",
+            "l2",
+            "l1",
+            "cosine",
+        ]
+    )
+    for name, make in presets.PRESETS.items():
+        attack = make(Gaussian()) if name == "bayes" else make()
+        assert attack.name == name  # the id that records use
+    attack = presets.preset("inverting-gradients", steps=7, tv=0.5, lr=0.2, restarts=3, box=False)
+    cfg = attack.config
+    assert (cfg.steps, cfg.beta, cfg.lr, cfg.restarts, cfg.box) == (7, 0.5, 0.2, 3, False)
+    assert (
+        presets.preset("bayes", likelihood=Laplace(0.1), mc_samples=4, delta=0.5).config.delta
+        == 0.5
+    )
+    assert presets.preset("l1", beta=0.3, steps=5).config.beta == 0.3
+    assert presets.dlg(steps=30).with_config(lr=0.5).config.lr == 0.5
+    cut = presets.bayes(Gaussian(0.1)).on_layers(include=["1.weight"])
+    assert cut.likelihood.layers == LayerSelection(include=["1.weight"])
+    assert cut.on_layers(None).likelihood.layers == LayerSelection()
+    grad_inv = presets.grad_inversion(bn=0.0, steps=9)
+    assert grad_inv.prior == gradinversion(tv=1e-4, l2=1e-6, bn=0.0)
+    assert grad_inv.config.steps == 9 and grad_inv.config.optimizer == "adam"
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(KeyError, match="unknown attack preset 'cos'.*'cosine'"):
+        presets.preset("cos")
+    with pytest.raises(TypeError):
+        presets.preset("dlg", tv=0.1)  # DLG has no prior weight to set
+
+
+def test_attacks_that_share_a_loop_run_together_and_others_do_not():
+    net, x, y, ups = _problem(2)
+    l2, l1 = presets.l2(steps=3), presets.l1(steps=3, beta=0.5)
+    both = run_together(net, ups, [l2, l1], labels=y, input_shape=(1, 3, 3))
+    assert both.names == ["l2", "l1"] and both.setting_of("l1").beta == 0.5
+    alone = l1(net, ups, labels=y, input_shape=(1, 3, 3))
+    torch.testing.assert_close(both.inputs("l1"), alone.inputs(), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="differ in their loop"):
+        run_together(net, ups, [l2, presets.l1(steps=4)], labels=y, input_shape=(1, 3, 3))
+    with pytest.raises(ValueError, match="needs the labels"):
+        l2(net, ups, input_shape=(1, 3, 3))
+
+
 def test_dlg_recovers_image_and_label_and_idlg_reads_label():
     net = tiny_net(1)
     x = torch.rand(1, 1, 3, 3)
     y = torch.tensor([2])
-    g = client_update(net, x, y)
+    g = stack_updates([client_update(net, x, y)])
     res = presets.dlg(steps=30)(
         net, g, input_shape=(1, 3, 3), num_images=1, generator=torch.Generator().manual_seed(0)
     )
-    assert int(res.labels[0, 0, 0]) == 2
-    assert float((res.images[0, 0] - x).abs().max()) < 1e-2
+    assert res.labels_of().tolist() == [[2]]
+    assert float((res.inputs() - x).abs().max()) < 1e-2
     res = presets.idlg(steps=30)(net, g, input_shape=(1, 3, 3))
-    assert float((res.images[0, 0] - x).abs().max()) < 1e-2
+    assert float((res.inputs() - x).abs().max()) < 1e-2
+
+
+def test_idlg_reads_each_updates_label_from_stacked_updates():
+    net, x, y, ups = _problem(3)
+    res = presets.idlg(steps=2)(net, ups, input_shape=(1, 3, 3))
+    assert res.per_update().shape == (3, 1, 1, 3, 3)
+    assert presets.idlg().labels_for(net, ups, None).tolist() == y.unsqueeze(1).tolist()
+    with pytest.raises(ValueError, match="one label per update"):
+        presets.idlg(steps=2)(net, ups, input_shape=(1, 3, 3), num_images=2)
+
+
+def test_grad_inversion_preset_runs_with_the_batchnorm_term():
+    net = bn_net(1)
+    x, y = torch.rand(2, 1, 4, 4), torch.tensor([0, 2])
+    attack = presets.grad_inversion(steps=3)
+    assert attack.prior.describe()["terms"][-1] == {"weight": 0.1, "prior": "bn-statistics"}
+    res = attack(
+        net, per_sample_updates(net, x, y), labels=y, input_shape=(1, 4, 4),
+        bounds=image_bounds((0.5,), (0.5,)),
+    )  # fmt: skip
+    assert torch.isfinite(res.inputs()).all() and res.names == ["gradinversion"]
 
 
 # ---------------------------------------------------------------- search
@@ -427,16 +719,14 @@ def test_log_beta_grid_matches_the_authors_range():
 def test_search_prefers_a_working_beta_over_a_crushing_one():
     net, x, y, ups = _problem(2)
     noisy = {k: v + 0.005 * torch.randn_like(v) for k, v in ups.items()}
-    cfg = AttackConfig(steps=150, lr=0.1, decay=0.99)
+    loop = dict(prior=GaussianPrior(mean=0.5), steps=150, lr=0.1, decay=0.99)
     found = search(
         net,
         noisy,
         labels=y.unsqueeze(1),
         truth=x.unsqueeze(1),
         denormalize=lambda t: t,
-        attacks={"l2": Gaussian(), "l1": Laplace()},
-        prior=GaussianPrior(mean=0.5),
-        config=cfg,
+        attacks={"l2": presets.l2(**loop), "l1": presets.l1(**loop)},
         input_shape=(1, 3, 3),
         betas=[1e4, 1e-3],
         refine=2,
@@ -455,30 +745,13 @@ def test_search_prefers_a_working_beta_over_a_crushing_one():
 def test_given_initial_points_start_the_attack_there():
     """R-GAP → DLG starts from given images: one vanishing step leaves them in place."""
     net, x, y, ups = _problem(1)
-    start = torch.rand(1, *x.shape[1:])
+    start = torch.rand(1, 1, *x.shape[1:])  # N × n × input
     cfg = AttackConfig(steps=1, lr=1e-9)
-    got = reconstruct(
-        net,
-        {k: v[0] for k, v in ups.items()},
-        labels=y[:1],
-        likelihood=Gaussian(),
-        prior=Uniform(),
-        config=cfg,
-        input_shape=tuple(x.shape[1:]),
-        initial=start,
-    )
-    torch.testing.assert_close(got.images[0, 0], start)
+    kw = dict(labels=y[:1], likelihood=Gaussian(), prior=Uniform(), config=cfg)
+    got = reconstruct(net, ups, input_shape=tuple(x.shape[1:]), initial=start, **kw)
+    torch.testing.assert_close(got.per_update(), start)
     with pytest.raises(ValueError, match="initial must have shape"):
-        reconstruct(
-            net,
-            {k: v[0] for k, v in ups.items()},
-            labels=y[:1],
-            likelihood=Gaussian(),
-            prior=Uniform(),
-            config=cfg,
-            input_shape=tuple(x.shape[1:]),
-            initial=torch.rand(2, 1, *x.shape[1:]),
-        )
+        reconstruct(net, ups, input_shape=tuple(x.shape[1:]), initial=start[0], **kw)
 
 
 def test_the_loop_names_a_float64_model():
@@ -487,7 +760,7 @@ def test_the_loop_names_a_float64_model():
     with pytest.raises(ValueError, match="float32"):
         reconstruct(
             net,
-            client_update(net, x, y),
+            stack_updates([client_update(net, x, y)]),
             labels=y,
             likelihood=Gaussian(),
             prior=Uniform(),

@@ -9,7 +9,7 @@ import torch
 
 from leakagelib.attacks import Gaussian, Pruned
 from leakagelib.bayes_risk import SyntheticGaussian, adversarial_risk, defended
-from leakagelib.defenses.noise import GaussianNoise, LaplaceNoise, PruneNoise
+from leakagelib.defenses import GaussianNoise, LaplaceNoise, PruneNoise
 from leakagelib.experiments import bayes as bx
 from leakagelib.experiments.registry import Context, get
 
@@ -22,10 +22,10 @@ def big_update() -> dict[str, torch.Tensor]:
 
 def test_gaussian_and_laplace_noise_statistics_and_likelihoods():
     g = torch.Generator().manual_seed(0)
-    out = GaussianNoise(0.1).apply(big_update(), g)
+    out = GaussianNoise(0.1).perturb(big_update(), g)
     noise = out["l.weight"] - 1
     assert abs(float(noise.std()) - 0.1) < 0.003 and abs(float(noise.mean())) < 0.003
-    out = LaplaceNoise(0.2).apply(big_update(), g)
+    out = LaplaceNoise(0.2).perturb(big_update(), g)
     noise = out["l.weight"] - 1
     assert abs(float(noise.abs().mean()) - 0.2) < 0.005  # E|Lap(0, b)| = b
     assert isinstance(GaussianNoise(0.1).likelihood(), Gaussian)
@@ -36,11 +36,11 @@ def test_gaussian_and_laplace_noise_statistics_and_likelihoods():
 
 def test_prune_noise_mask_is_fixed_per_layer_and_known_to_its_likelihood():
     d = PruneNoise("laplace", 0.1, keep=0.5, mask_seed=3)
-    with pytest.raises(ValueError, match="apply"):
+    with pytest.raises(ValueError, match="share"):
         d.likelihood()
     g = torch.Generator().manual_seed(0)
-    a = d.apply(big_update(), g)
-    b = d.apply(big_update(), g)
+    a = d.perturb(big_update(), g)
+    b = d.perturb(big_update(), g)
     mask = d.masks["l.weight"]
     assert abs(float(mask.mean()) - 0.5) < 0.02
     # pruned entries carry only noise (mean 0), kept ones the gradient (mean 1)
@@ -48,13 +48,14 @@ def test_prune_noise_mask_is_fixed_per_layer_and_known_to_its_likelihood():
     assert abs(float(b["l.weight"][mask == 1].mean()) - 1) < 0.01
     lik = d.likelihood()
     assert isinstance(lik, Pruned) and lik.masks is not None and lik.noise == "laplace"
-    assert d.likelihood(mask_known=False).masks is None
+    unknown = PruneNoise("laplace", 0.1, keep=0.5, attacker_knows_mask=False)
+    assert unknown.likelihood().masks is None  # the mixture over masks, before any share
     stacked = {k: v.unsqueeze(0).repeat(3, *([1] * v.dim())) for k, v in big_update().items()}
-    s = d.apply(stacked, g, stacked=True)
+    s = d.perturb(stacked, g, stacked=True)
     assert not torch.equal(s["l.weight"][0], s["l.weight"][1])  # fresh noise per slice
     assert abs(float(s["l.weight"][:, mask == 0].mean())) < 0.01  # one mask for all slices
     with pytest.raises(ValueError, match="other shapes"):
-        d.apply({"l.weight": torch.ones(3, 3)})
+        d.perturb({"l.weight": torch.ones(3, 3)})
     assert d.describe()["defense"] == "prune+lap"
 
 
@@ -102,7 +103,8 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path, monkeypatch)
 
     paths = {}
     for logical, spec in (("mnist", "digits28"), ("cifar10", "patches")):
-        images, labels, _ = data.load(spec, n=8, split="train", shuffle=False)
+        # 10 images: a train part of 8 (the other 2 are the file's test part)
+        images, labels, _ = data.load(spec, n=10, split="train", shuffle=False)
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
     small = dict(
@@ -116,8 +118,8 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path, monkeypatch)
     )
     monkeypatch.setattr(bx, "_scale", lambda ctx: small)
     ctx = Context(scale="paper", progress=False, data=paths, download=False)
-    rows = bx.table2_rows(ctx, steps=(0, 3), defenses=("prune+lap",), attacks=("bayes", "cos"))
+    rows = bx.table2_rows(ctx, steps=(0, 3), defenses=("prune+lap",), attacks=("bayes", "cosine"))
     assert {(r["dataset"], r["step"], r["attack"]) for r in rows} == {
-        (d, s, a) for d in ("mnist", "cifar10") for s in (0, 3) for a in ("bayes", "cos")
+        (d, s, a) for d in ("mnist", "cifar10") for s in (0, 3) for a in ("bayes", "cosine")
     }
     assert all(len(r["psnr_per_image"]) == 2 and np.isfinite(r["psnr"]) for r in rows)

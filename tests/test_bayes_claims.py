@@ -21,7 +21,7 @@ def test_table2_claims_on_mnist_stand_in():
     )
     cell = bx.summarise_table2(rows)
     prune = cell[("mnist", "prune+gauss", 0)]
-    assert all(prune["bayes"] > prune[a] + 0.5 for a in ("l2", "l1", "cos")), prune
+    assert all(prune["bayes"] > prune[a] + 0.5 for a in ("l2", "l1", "cosine")), prune
     mean, se = bx.paired_gap(rows, ("mnist", "gaussian", 0), "bayes", "l2")
     assert abs(mean) <= max(2 * se, 0.05), (mean, se)
     later = bx.table2_rows(

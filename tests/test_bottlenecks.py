@@ -10,16 +10,18 @@ from torch import nn
 
 from leakagelib import models
 from leakagelib.analysis import entry_trace, layer_cosine, similarity_trace
-from leakagelib.bottlenecks import (
+from leakagelib.defenses.bottlenecks import (
     CVB,
     PRECODE,
     TokenGrid,
     adaptive_size,
+    bottlenecks,
+    kl_loss,
+)
+from leakagelib.defenses.surgery import (
     apply_bottleneck_option,
     attacked_parameters,
-    bottlenecks,
     insert_bottleneck,
-    kl_loss,
     stochastic_parameters,
 )
 from leakagelib.gradients import client_update
@@ -241,9 +243,8 @@ def test_attacks_and_per_sample_gradients_run_on_stochastic_models() -> None:
         prior=Uniform(),
         config=AttackConfig(steps=2, lr=0.1),
         input_shape=(3, 32, 32),
-        stacked=True,
     )
-    assert torch.isfinite(res.images).all()
+    assert torch.isfinite(res.inputs()).all()
 
 
 def test_precode_mlp_is_broken_exactly_by_the_closed_form_attack() -> None:
@@ -294,7 +295,7 @@ def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
 
     from leakagelib import metrics
     from leakagelib.attacks import closed_form
-    from leakagelib.defenses.dpsgd import DPSGD, epsilon_spent
+    from leakagelib.defenses import DPSGD, epsilon_spent
     from leakagelib.experiments import cvb
     from leakagelib.experiments.registry import Context
 
@@ -308,14 +309,8 @@ def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
             DPSGD(sigma, max_grad_norm=1.0, sample_rate=0.01),
             torch.Generator().manual_seed(0),
         )
-        rec = torch.cat(
-            [
-                closed_form.recover_inputs_from_update(
-                    mlp, dp.privatize(mlp, x[i : i + 1], labels[i : i + 1], generator=gen), SHAPE
-                )
-                for i in range(2)
-            ]
-        )
+        shared = dp.share(mlp, x, labels, gen, per_image=True)  # each image a one-step client
+        rec = closed_form.bias_attack(mlp, shared, labels, input_shape=SHAPE).inputs()
         psnr.append(float(metrics.psnr(norm.denormalize(rec).float().clamp(0, 1), images).mean()))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -365,15 +360,17 @@ def test_table3_paper_branch_runs_on_both_datasets(tmp_path, monkeypatch):
         images, labels, _ = data.load(spec, n=160, split="all", shuffle=False)
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
-    victims, config, setup = cvb.victims, cvb.attack_config, cvb.fl_setup
+    victims, preset, setup = cvb.victims, cvb.attack_preset, cvb.fl_setup
     monkeypatch.setattr(
         cvb, "victims", lambda ctx, logical, n, **kw: victims(ctx, logical, 2, **kw)
     )
-    monkeypatch.setattr(cvb, "attack_config", lambda ctx, a: config(ctx, a).with_(steps=2))
+    monkeypatch.setattr(
+        cvb, "attack_preset", lambda ctx, a, **kw: preset(ctx, a, **kw).with_config(steps=2)
+    )
     monkeypatch.setattr(cvb, "fl_setup", lambda ctx: {**setup(ctx), "rounds": 1, "patience": None})
     record = experiments.run("cvb/table3-attacks", "paper", data=paths, progress=False)
     keys = {(r["dataset"], r["defense"], r["attack"]) for r in record["rows"]}
     assert keys == {
         (d, f, a) for d in ("mnist", "cifar10") for f in ("none", "cvb") for a in cvb.ATTACKS
     }
-    assert record["scale"] == "paper" and record["data"]["mnist"] == paths["mnist"]
+    assert record["scale"] == "paper" and record["data"]["mnist"]["spec"] == paths["mnist"]

@@ -46,8 +46,8 @@ def test_reproduce_honours_a_data_override(tmp_path, capsys):
     path = tmp_path / "tiny.npz"
     np.savez(
         path,
-        images=rng.integers(0, 256, (8, 1, 28, 28), dtype=np.uint8),
-        labels=np.arange(8, dtype=np.int64),
+        images=rng.integers(0, 256, (40, 1, 28, 28), dtype=np.uint8),  # its test part: 8
+        labels=np.arange(40, dtype=np.int64) % 10,
     )
     out = tmp_path / "r.json"
     args = [
@@ -60,7 +60,8 @@ def test_reproduce_honours_a_data_override(tmp_path, capsys):
         "--quiet",
     ]
     assert main(args) == 0
-    assert json.loads(out.read_text())["data"]["mnist"] == str(path)
+    used = json.loads(out.read_text())["data"]["mnist"]
+    assert used["spec"] == str(path) and used["test"]["count"] == 8
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,10 @@ def test_embedded_split_is_fixed_disjoint_and_complete(name: str) -> None:
         split_indices(len(everything), "train"),
     )
     assert torch.equal(test.images, everything.images[test_idx])
+    assert (
+        torch.equal(test.indices, test_idx)
+        and test.selection == f"split_indices({len(everything)}, 'test')"
+    )
     assert torch.equal(train.labels, everything.labels[train_idx])
     assert sorted(torch.cat([test_idx, train_idx]).tolist()) == list(range(len(everything)))
     # the first test images mix the classes (no cyclic-order artefact)
@@ -108,7 +112,7 @@ def test_patches_are_structured_deterministic_and_balanced() -> None:
     assert torch.bincount(ds.labels).tolist() == [64] * 10
     # Crops of downscaled photographs carry structure: no crop is nearly flat.
     assert float(ds.images.flatten(1).std(1).min()) > 0.02
-    data._patches.cache_clear()
+    data.embedded._patches.cache_clear()
     again = load("patches", split="all", shuffle=False)
     assert torch.equal(ds.images, again.images) and torch.equal(ds.labels, again.labels)
 
@@ -242,12 +246,14 @@ def test_npz_round_trip(tmp_path: Path) -> None:
     images = rng.integers(0, 256, size=(6, 3, 4, 5), dtype=np.uint8)
     labels = np.array([0, 1, 2, 1, 0, 2])
     path = _write(tmp_path / "x.npz", images=images, labels=labels, classes=np.array(list("abc")))
-    ds = load(str(path), shuffle=False)
+    ds = load(str(path), shuffle=False, split="all")
     assert ds.classes == ["a", "b", "c"] and ds.name == str(path)
     assert torch.equal(ds.images, torch.from_numpy(images.astype(np.float32) / 255))
     assert torch.equal(ds.labels, torch.from_numpy(labels))
     assert ds.normalizer.mean[1] == pytest.approx(images[:, 1].mean() / 255)
-    assert load(path, n=3, constants_of="cifar10").normalizer.std == (0.2023, 0.1994, 0.2010)
+    # 4x5 images stand for CIFAR-10 only when the caller says it resizes them
+    resized = load(path, n=3, split="all", constants_of="cifar10", check_size=False)
+    assert resized.normalizer.std == (0.2023, 0.1994, 0.2010)
     no_classes = _write(tmp_path / "y.npz", images=images, labels=labels)
     assert load(no_classes).classes is None
 
@@ -309,24 +315,26 @@ def _shared(name: str) -> Path:
 
 
 def test_shared_mnist_sample() -> None:
-    ds = load(str(_shared("mnist_test_0_4999.npz")), n=10, shuffle=False, constants_of="mnist")
+    path = str(_shared("mnist_test_0_4999.npz"))
+    ds = load(path, n=10, shuffle=False, split="all", constants_of="mnist")
     assert ds.images.shape == (10, 1, 28, 28) and ds.images.dtype == torch.float32
     assert 0.0 <= float(ds.images.min()) and float(ds.images.max()) <= 1.0
     assert ds.labels.tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]  # MNIST test set, in order
     assert ds.classes is not None and len(ds.classes) == 10
     assert ds.normalizer == Normalizer((0.1307,), (0.3081,))
-    assert len(load(str(_shared("mnist_test_0_4999.npz")))) == 5000
+    assert len(load(path, split="all")) == 5000
+    assert len(load(path)) == 1000 and len(load(path, split="train")) == 4000
 
 
 def test_shared_cifar10_sample() -> None:
     path = str(_shared("cifar10_test_0_499.npz"))
-    ds = load(path, n=5, shuffle=False, constants="ig", constants_of="cifar10")
+    ds = load(path, n=5, shuffle=False, split="all", constants="ig", constants_of="cifar10")
     assert ds.images.shape == (5, 3, 32, 32)
     assert ds.labels.tolist() == [3, 8, 8, 0, 6]  # CIFAR-10 test set, in order
     assert ds.classes is not None and ds.classes[3] == "cat"
     assert ds.normalizer.std == CONSTANTS["ig"]["cifar10"][1]
-    shuffled = load(path, n=500, seed=1)
-    assert sorted(shuffled.labels.tolist()) == sorted(load(path).labels.tolist())
+    shuffled = load(path, n=500, seed=1, split="all")
+    assert sorted(shuffled.labels.tolist()) == sorted(load(path, split="all").labels.tolist())
 
 
 # ---------------------------------------------------------------- MedMNIST

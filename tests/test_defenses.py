@@ -12,15 +12,20 @@ from torch import nn
 from leakagelib import metrics, models
 from leakagelib.attacks import AttackConfig, TotalVariation, image_bounds
 from leakagelib.attacks.likelihoods import Cosine, Gaussian
-from leakagelib.defenses.ats import POLICY_TABLE, ATSAugmentation, _magnitude, parse_policy
-from leakagelib.defenses.compression import GradientCompression, prune_smallest
-from leakagelib.defenses.dpsgd import DPSGD, ClippedGaussian, clip_per_sample, epsilon_spent
-from leakagelib.defenses.soteria import (
+from leakagelib.defenses import (
+    DPSGD,
+    ATSAugmentation,
+    ClippedGaussian,
+    GradientCompression,
     Soteria,
+    epsilon_spent,
     layer_drop_attack,
     layer_drop_likelihoods,
-    soteria_scores,
 )
+from leakagelib.defenses.ats import POLICY_TABLE, _magnitude, parse_policy
+from leakagelib.defenses.compression import prune_smallest
+from leakagelib.defenses.dpsgd import clip_per_sample
+from leakagelib.defenses.soteria import soteria_scores
 from leakagelib.experiments.defenses import soteria_attack_setup, soteria_attacks, soteria_case
 from leakagelib.experiments.registry import Context, available, get, run
 from leakagelib.fl import train
@@ -67,22 +72,27 @@ def test_clipping_bounds_every_per_sample_norm(batch) -> None:
 
 def test_dpsgd_without_noise_is_the_mean_clipped_gradient(batch) -> None:
     net = small_net()
-    loose = DPSGD(0.0, max_grad_norm=1e6).privatize(net, *batch)
+    loose = DPSGD(0.0, max_grad_norm=1e6).share(net, *batch)
     exact = client_update(net, *batch)
     for k in exact:
         assert torch.allclose(loose[k], exact[k], atol=1e-6)
-    tight = DPSGD(0.0, max_grad_norm=1e-3).privatize(net, *batch)
+    tight = DPSGD(0.0, max_grad_norm=1e-3).share(net, *batch)
     assert float(flat_norms({k: v.unsqueeze(0) for k, v in tight.items()})) <= 1e-3 * (1 + 1e-5)
 
 
-def test_dpsgd_noise_has_the_stated_scale() -> None:
-    zeros = {"w": torch.zeros(4, 20000)}
+def test_dpsgd_noise_has_the_stated_scale(batch) -> None:
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(36, 500), nn.ReLU(), nn.Linear(500, 3))
+    x, y = batch[0][:4], batch[1][:4]
     dp = DPSGD(2.0, max_grad_norm=0.5)
-    out = dp.apply(zeros, torch.Generator().manual_seed(0))
-    assert float(out["w"].std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.03)
+    noisy = dp.share(wide, x, y, torch.Generator().manual_seed(0))
+    clean = DPSGD(0.0, max_grad_norm=0.5).share(wide, x, y)
+    noise = torch.cat([(noisy[k] - clean[k]).flatten() for k in clean])
+    assert noise.numel() > 19_000
+    assert float(noise.std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.03)
     assert dp.steps == 1
     with pytest.raises(ValueError, match="per-sample"):
-        dp.apply({"a": torch.zeros(3, 2), "b": torch.zeros(4, 2)})
+        clip_per_sample({"a": torch.zeros(3, 2), "b": torch.zeros(4, 2)}, 1.0)
 
 
 def test_epsilon_falls_as_the_noise_multiplier_rises() -> None:
@@ -95,15 +105,63 @@ def test_epsilon_falls_as_the_noise_multiplier_rises() -> None:
     assert epsilon_spent(1.3, 0.05, 10, 1e-5) == pytest.approx(acc.get_epsilon(1e-5))
     assert math.isinf(epsilon_spent(0.0, 0.1, 1, 1e-5))
     dp = DPSGD(1.0, sample_rate=0.1)
+    assert dp.spent() == (0.0, 1e-5)
+    net = small_net()
     for _ in range(3):
-        dp.apply({"w": torch.ones(2, 3)})
+        dp.share(net, torch.rand(2, 1, 6, 6), torch.tensor([0, 1]))
+    assert dp.steps == 3
     assert dp.spent() == (pytest.approx(epsilon_spent(1.0, 0.1, 3, 1e-5)), 1e-5)
 
 
+@pytest.mark.parametrize(
+    ("sigma", "rate", "steps", "expected"),
+    [
+        (0.6, 0.01, 1000, 8.665908110192095),
+        (1.3, 0.05, 10, 1.1873256509368273),
+        (4.0, 0.2, 37, 1.3681538473921124),
+        (0.8, 0.0168, 25000, 36.266346309439776),
+    ],
+)
+def test_epsilon_from_the_public_accountant_api_equals_the_previous_value(
+    sigma: float, rate: float, steps: int, expected: float
+) -> None:
+    """The values the library computed when it wrote Opacus's history directly (one entry)."""
+    assert epsilon_spent(sigma, rate, steps, 1e-5) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"noise_multiplier": float("nan")}, "noise_multiplier"),
+        ({"noise_multiplier": float("inf")}, "noise_multiplier"),
+        ({"noise_multiplier": -0.1}, "noise_multiplier"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "max_grad_norm"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": float("nan")}, "max_grad_norm"),
+        ({"noise_multiplier": 1.0, "sample_rate": 0.0}, "sample_rate"),
+        ({"noise_multiplier": 1.0, "sample_rate": 1.5}, "sample_rate"),
+        ({"noise_multiplier": 1.0, "delta": 1.0}, "delta"),
+        ({"noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
+    ],
+)
+def test_dpsgd_rejects_bad_hyper_parameters_by_name(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        DPSGD(**kwargs)
+    if named in ("noise_multiplier", "sample_rate", "delta"):
+        args = {"noise_multiplier": 1.0, "sample_rate": 0.1, "delta": 1e-5, **kwargs}
+        with pytest.raises(ValueError, match=named):
+            epsilon_spent(args["noise_multiplier"], args["sample_rate"], 10, args["delta"])
+
+
 def test_dp_likelihood_is_clipped_gaussian(batch) -> None:
-    dp = DPSGD(1.0, max_grad_norm=0.1)
-    lik = dp.likelihood(batch_size=1)
+    with pytest.raises(ValueError, match="batch size"):
+        DPSGD(1.0, max_grad_norm=0.1).likelihood()  # no share yet, no batch_size given
+    dp = DPSGD(1.0, max_grad_norm=0.1, batch_size=1)
+    lik = dp.likelihood()
     assert isinstance(lik, ClippedGaussian) and lik.sigma == pytest.approx(0.1)
+    dp.share(small_net(), *batch)  # the last share's batch size wins
+    assert dp.likelihood().sigma == pytest.approx(0.1 / 5)
+    dp.share(small_net(), *batch, per_image=True)  # every image a client with a batch of one
+    assert dp.likelihood().sigma == pytest.approx(0.1)
     g = client_update(small_net(), batch[0][:1], batch[1][:1])
     clipped = {k: v.unsqueeze(0) for k, v in g.items()}
     clipped = {k: v[0] for k, v in clip_per_sample(clipped, 0.1).items()}
@@ -119,14 +177,14 @@ def test_dp_likelihood_is_clipped_gaussian(batch) -> None:
 def test_compression_zeroes_exactly_the_share_per_layer(rate: float) -> None:
     g = torch.Generator().manual_seed(1)
     update = {"a": torch.randn(7, 9, generator=g) + 0.01, "b": torch.randn(13, generator=g) + 0.01}
-    out = GradientCompression(rate).apply(update)
+    out = GradientCompression(rate).perturb(update)
     for k, v in update.items():
         pruned = out[k] == 0
         assert int(pruned.sum()) == round(rate * v.numel())
         if 0 < int(pruned.sum()) < v.numel():  # the kept entries are the largest ones
             assert float(v[~pruned].abs().min()) >= float(v[pruned].abs().max())
         assert torch.equal(out[k][~pruned], v[~pruned])
-    with pytest.raises(ValueError, match="pruning rate"):
+    with pytest.raises(ValueError, match="rate must be in"):
         prune_smallest(torch.ones(3), 1.5)
     with pytest.raises(NotImplementedError):
         GradientCompression(rate).likelihood()
@@ -152,7 +210,7 @@ def test_soteria_scores_match_the_reference_loop(batch) -> None:
 def test_soteria_prunes_columns_of_the_defended_layer_only(batch) -> None:
     net = small_net().eval()
     defense = Soteria("3", pruning_rate=0.75)
-    shared = defense.defend(net, *batch)
+    shared = defense.share(net, *batch)
     clean = client_update(net, *batch)
     mask = defense.mask
     assert mask is not None and mask.numel() == 144
@@ -163,9 +221,22 @@ def test_soteria_prunes_columns_of_the_defended_layer_only(batch) -> None:
         if k != "3.weight":
             assert torch.equal(shared[k], clean[k])
     with pytest.raises(TypeError, match="fully connected"):
-        Soteria("0").fit(net, batch[0])
-    with pytest.raises(RuntimeError, match="fit"):
-        Soteria("3").apply(clean)
+        Soteria("0").share(net, *batch)
+
+
+def test_soteria_per_image_fits_one_mask_per_client(batch) -> None:
+    net = small_net().eval()
+    defense = Soteria("3", pruning_rate=0.75)
+    shared = defense.share(net, *batch, per_image=True)
+    masks = defense.mask
+    assert masks is not None and masks.shape == (5, 144)
+    assert shared["3.weight"].shape == (5, 12, 144)
+    for i in range(5):  # image i's slice is what a client holding only image i sends
+        alone = Soteria("3", pruning_rate=0.75)
+        one = alone.share(net, batch[0][i : i + 1], batch[1][i : i + 1])
+        assert torch.equal(alone.mask, masks[i])
+        for k in one:
+            assert torch.allclose(shared[k][i], one[k], atol=1e-6)
 
 
 def test_soteria_layer_drop_likelihood_ignores_the_defended_layer(batch) -> None:
@@ -174,7 +245,11 @@ def test_soteria_layer_drop_likelihood_ignores_the_defended_layer(batch) -> None
     lik = Soteria("3").likelihood()
     assert isinstance(lik, Cosine)
     assert lik.layers.mask(names) == [True, True, False, False, True, True]
-    assert isinstance(Soteria("3").likelihood("gaussian"), Gaussian)
+    assert isinstance(Soteria("3", attack="gaussian").likelihood(), Gaussian)
+    with pytest.raises(ValueError, match="attack must be one of"):
+        Soteria("3", attack="l2")
+    with pytest.raises(ValueError, match="pruning_rate"):
+        Soteria("3", pruning_rate=float("nan"))
     assert list(layer_drop_likelihoods(net)) == ["3", "5"]
 
 
@@ -235,8 +310,7 @@ def test_layer_drop_attack_beats_the_direct_attack_and_finds_the_defended_layer(
     ctx, net, images, labels, norm = _soteria_digits((64, 32), n=2)
     x = norm.normalize(images)
     soteria = Soteria("fc1.linear", pruning_rate=0.8)
-    update = [soteria.defend(net, x[i : i + 1], labels[i : i + 1]) for i in range(2)]
-    stacked = {k: torch.stack([u[k] for u in update]) for k in update[0]}
+    stacked = soteria.share(net, x, labels, per_image=True)
     config = AttackConfig(steps=150, lr=0.3, schedule="constant", beta=1e-6, box=True)
     result = layer_drop_attack(
         net, stacked, labels=labels, input_shape=(1, 8, 8), prior=TotalVariation(),
@@ -290,10 +364,10 @@ def test_the_layer_drop_attack_does_not_depend_on_the_pruning_rate() -> None:
     config = config.with_(steps=20)
     recons = []
     for rate in (0.5, 0.95):
-        soteria = Soteria("fc1.linear", pruning_rate=rate)
-        update = soteria.defend(net, x, labels)
+        soteria = Soteria("fc1.linear", pruning_rate=rate, attack="gaussian")
+        update = soteria.share(net, x, labels, per_image=True)
         out = soteria_attacks(
-            ctx, net, [update], x, labels, norm, {"drop": soteria.likelihood("gaussian")}, config
+            ctx, net, update, x, labels, norm, {"drop": soteria.likelihood()}, config
         )
         recons.append(out["drop"][1])
     assert torch.equal(recons[0], recons[1])  # the attack never reads the pruned layer

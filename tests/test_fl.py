@@ -8,9 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leakagelib import data
-from leakagelib.bottlenecks import CVB, insert_bottleneck
-from leakagelib.defenses.compression import GradientCompression
-from leakagelib.defenses.dpsgd import DPSGD
+from leakagelib.defenses import CVB, DPSGD, GradientCompression, insert_bottleneck
 from leakagelib.fl import accuracy, federated_averaging, iid_split, train, training_loss
 
 

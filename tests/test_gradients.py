@@ -120,12 +120,28 @@ def test_idlg_recovers_every_single_label():
     x, _ = batch(20, seed=3)
     y = torch.arange(20) % 10
     per = G.per_sample_updates(model, x, y)
-    recovered = [G.recover_label_idlg({k: v[i] for k, v in per.items()}) for i in range(20)]
+    recovered = [G.recover_label_idlg(model, {k: v[i] for k, v in per.items()}) for i in range(20)]
     assert recovered == y.tolist()
     # without the bias the weight-row rule still works (features are ReLU outputs)
-    no_bias = {k: v for k, v in per.items() if k != "5.bias"}
-    recovered = [G.recover_label_idlg({k: v[i] for k, v in no_bias.items()}) for i in range(20)]
+    model[5] = nn.Linear(16, 10, bias=False)
+    per = G.per_sample_updates(model, x, y)
+    recovered = [G.recover_label_idlg(model, {k: v[i] for k, v in per.items()}) for i in range(20)]
     assert recovered == y.tolist()
+
+
+def test_label_recovery_reads_the_last_layer_in_the_models_order_not_the_dicts():
+    """With its keys reversed, the old rule read the first fully connected layer (labels >= 10)."""
+    model = small_cnn()
+    x, _ = batch(1, seed=4)
+    y = torch.tensor([7])
+    update = G.client_update(model, x, y)
+    reversed_keys = dict(reversed(list(update.items())))
+    assert list(reversed_keys)[-1] == "0.weight"
+    assert G.recover_label_idlg(model, reversed_keys) == 7
+    labels = torch.tensor([1, 4, 6])
+    batch_update = G.client_update(model, batch(3, seed=5)[0], labels)
+    reversed_batch = dict(reversed(list(batch_update.items())))
+    assert G.recover_labels_batch(model, reversed_batch, 3).tolist() == labels.tolist()
 
 
 def test_batch_label_recovery_accuracy():
@@ -136,9 +152,63 @@ def test_batch_label_recovery_accuracy():
         g = torch.Generator().manual_seed(seed)
         y = torch.randperm(20, generator=g)[:8]
         x = torch.rand(8, 1, 8, 8, generator=g)
-        got = G.recover_labels_batch(G.client_update(model, x, y), 8)
+        got = G.recover_labels_batch(model, G.client_update(model, x, y), 8)
         correct += len(set(got.tolist()) & set(y.tolist()))
         total += 8
     assert correct / total >= 0.95
     with pytest.raises(ValueError, match="between 1 and"):
-        G.recover_labels_batch(G.client_update(model, x, y), 21)
+        G.recover_labels_batch(model, G.client_update(model, x, y), 21)
+
+
+@pytest.mark.parametrize("compute", [G.client_update, G.per_sample_updates])
+def test_batches_no_client_could_train_on_are_rejected(compute):
+    model = small_cnn()
+    x, y = batch(3)
+    with pytest.raises(ValueError, match="empty batch"):
+        compute(model, x[:0], y[:0])
+    nan = x.clone()
+    nan[1, 0, 2, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        compute(model, nan, y)
+    inf = x.clone()
+    inf[0, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        compute(model, inf, y)
+    with pytest.raises(ValueError, match=r"class indices in 0\.\.9 .* got values -100\.\."):
+        compute(model, x, torch.tensor([0, -100, 3]))
+    with pytest.raises(ValueError, match=r"class indices in 0\.\.9 .* got values \d+\.\.10"):
+        compute(model, x, torch.tensor([0, 10, 3]))
+    with pytest.raises(ValueError, match="integer class indices.*labels.long"):
+        compute(model, x, y.float())
+    with pytest.raises(ValueError, match="integer class indices"):
+        compute(model, x, torch.tensor([True, False, True]))
+
+
+def test_the_class_count_of_a_model_that_does_not_end_in_a_linear_layer():
+    """Read off one forward pass that leaves the random state and BatchNorm statistics alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 8), nn.BatchNorm2d(3), nn.Flatten(), nn.Dropout(0.5))
+    x, _ = batch(2)
+    before = model[1].running_mean.clone()
+    state = torch.random.get_rng_state()
+    with pytest.raises(ValueError, match=r"class indices in 0\.\.2"):
+        G.client_update(model, x, torch.tensor([0, 3]))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(model[1].running_mean, before) and model.training
+
+
+def test_check_update_rejects_non_finite_entries_and_checks_stacked_updates():
+    model = small_cnn()
+    x, y = batch(2)
+    update = G.client_update(model, x, y)
+    bad = {**update, "5.bias": update["5.bias"].clone()}
+    bad["5.bias"][3] = float("inf")
+    with pytest.raises(ValueError, match=r"update\['5.bias'\] contains NaN or infinite"):
+        G.check_update(model, bad)
+    per = G.per_sample_updates(model, x, y)
+    assert G.check_update(model, per, stacked=True) == 2
+    with pytest.raises(ValueError, match="one leading dimension N"):
+        G.check_update(model, update, stacked=True)
+    with pytest.raises(ValueError, match="same leading dimension N"):
+        G.check_update(model, {**per, "5.bias": per["5.bias"][:1]}, stacked=True)
+    assert torch.equal(G.stack_updates([update, update])["5.bias"][1], update["5.bias"])

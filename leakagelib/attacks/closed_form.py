@@ -10,23 +10,29 @@ picking one row we take the least-squares combination of all of them,
 ``x = Σ_i (dl/db_i)(dl/dA_{i,:}) / Σ_i (dl/db_i)²``, which equals the same
 ``x`` when the gradient is exact and averages out rounding otherwise.
 
-Used by the chapter "What a client update reveals" (experiment
-``intro/bias-attack``) and to break PRECODE on an MLP (Bayes paper §6).
+:func:`bias_attack` takes the arguments of every attack (stacked updates,
+labels, input shape) and returns the same
+:class:`~leakagelib.attacks.result.AttackResult`. Used by the chapter "What a
+client update reveals" (experiment ``intro/bias-attack``) and to break PRECODE
+on an MLP (Bayes paper §6).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
-from ..gradients import Update
+from ..gradients import Update, check_update
+from .result import AttackResult
 
 __all__ = [
+    "bias_attack",
     "first_linear_layer",
     "linear_inputs",
     "linear_layers",
     "recover_input_from_linear",
-    "recover_inputs_from_update",
     "recover_linear_inputs",
 ]
 
@@ -65,32 +71,46 @@ def first_linear_layer(model: nn.Module) -> str:
     raise ValueError("model has no fully connected layer")
 
 
-def recover_inputs_from_update(
-    model: nn.Module, update: Update, in_shape: tuple[int, ...], *, batched: bool = False
-) -> Tensor:
-    """Invert ``update`` (one image's, or per-sample with ``batched=True``) to the model's input.
+def bias_attack(
+    model: nn.Module,
+    updates: Update,
+    labels: Tensor | None = None,
+    *,
+    input_shape: tuple[int, ...],
+) -> AttackResult:
+    """Invert every update of the stacked ``updates`` (leading dimension ``N``) to the model's input.
 
     The model must begin with a fully connected layer with bias (after a
-    flatten); the recovered vector is reshaped to ``in_shape`` (C×H×W), giving
-    an image tensor of shape 1×C×H×W, or N×C×H×W with ``batched=True``.
+    flatten); each update is one image's. ``labels`` is accepted so that every
+    attack takes the same arguments; the closed form does not need them. The
+    result has one setting, one restart and one input per update
+    (``result.inputs()`` is ``N × input_shape``, in the model's input space and
+    dtype) and no :class:`~leakagelib.attacks.config.Setting` (``settings`` is
+    empty). Its ``objective`` is the relative residual of the rank-one fit,
+    ``‖dl/dA − (dl/db) xᵀ‖² / ‖dl/dA‖²`` per update: 0 (up to rounding) when
+    the update is one image's exact gradient, larger for a batch's mean
+    gradient or a perturbed one.
     """
+    n = check_update(model, updates, stacked=True)
     layer = first_linear_layer(model)
     prefix = f"{layer}." if layer else ""
-    try:
-        weight, bias = update[prefix + "weight"], update[prefix + "bias"]
-    except KeyError as err:
-        raise ValueError(f"update lacks the gradient {err.args[0]!r} of the first layer") from err
-    if not batched:
-        weight, bias = weight.unsqueeze(0), bias.unsqueeze(0)
+    weight, bias = updates[prefix + "weight"], updates[prefix + "bias"]
     x = recover_input_from_linear(weight, bias)
-    numel = 1
-    for s in in_shape:
-        numel *= int(s)
-    if x.shape[-1] != numel:
+    if x.shape[-1] != math.prod(input_shape):
         raise ValueError(
-            f"the first layer takes {x.shape[-1]} inputs, but in_shape {in_shape} has {numel}"
+            f"the first layer takes {x.shape[-1]} inputs, but input_shape {tuple(input_shape)} "
+            f"has {math.prod(input_shape)}; pass one input's shape, e.g. (C, H, W)"
         )
-    return x.reshape(x.shape[0], *in_shape)
+    fit = bias.unsqueeze(-1) * x.unsqueeze(-2)
+    residual = (weight - fit).flatten(1).pow(2).sum(1) / weight.flatten(1).pow(2).sum(1)
+    images = x.reshape(1, n, 1, *input_shape)
+    return AttackResult(
+        images=images,
+        objective=residual.unsqueeze(0),
+        all_images=images.unsqueeze(2),
+        all_objective=residual.reshape(1, n, 1),
+        settings=[],
+    )
 
 
 def linear_layers(model: nn.Module) -> list[str]:
@@ -98,23 +118,20 @@ def linear_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.bias is not None]
 
 
-def recover_linear_inputs(
-    model: nn.Module, update: Update, *, batched: bool = False
-) -> dict[str, Tensor]:
-    """Apply the closed form to *every* biased linear layer: layer name → its recovered input.
+def recover_linear_inputs(model: nn.Module, updates: Update) -> dict[str, Tensor]:
+    """Apply the closed form to *every* biased linear layer: layer name → its recovered inputs.
 
-    The first layer's input is the image; a deeper layer's input is the
-    previous layer's activation — the update reveals it just as exactly. The
-    chapter "What a client update reveals" compares these with
-    :func:`linear_inputs`.
+    ``updates`` is stacked (leading dimension ``N``, one image's update each);
+    each layer's recovered inputs are ``N × fan-in``. The first layer's input
+    is the image; a deeper layer's input is the previous layer's activation —
+    the update reveals it just as exactly. The chapter "What a client update
+    reveals" compares these with :func:`linear_inputs`.
     """
-    out = {}
-    for name in linear_layers(model):
-        weight, bias = update[f"{name}.weight"], update[f"{name}.bias"]
-        if not batched:
-            weight, bias = weight.unsqueeze(0), bias.unsqueeze(0)
-        out[name] = recover_input_from_linear(weight, bias)
-    return out
+    check_update(model, updates, stacked=True)
+    return {
+        name: recover_input_from_linear(updates[f"{name}.weight"], updates[f"{name}.bias"])
+        for name in linear_layers(model)
+    }
 
 
 def linear_inputs(model: nn.Module, images: Tensor) -> dict[str, Tensor]:

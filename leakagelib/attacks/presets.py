@@ -1,200 +1,250 @@
-"""Named attacks as presets of (likelihood, prior, loop): the Bayes paper's Table 1, runnable.
+"""Named attacks as presets of (likelihood, prior, loop): the Bayes paper's Tables 1 and 2, runnable.
 
 ========================  ==============  ===============  ==============================
-attack                    prior p(x)      likelihood       loop
+attack (registry id)      prior p(x)      likelihood       loop
 ========================  ==============  ===============  ==============================
-DLG (Zhu et al. 2019)     uniform         Gaussian         L-BFGS, labels optimised
-iDLG (Zhao et al. 2020)   uniform         Gaussian         L-BFGS, labels read off g
+DLG (``dlg``)             uniform         Gaussian         L-BFGS, labels optimised
+iDLG (``idlg``)           uniform         Gaussian         L-BFGS, labels read off g
 Inverting Gradients       TV (ℓ1)         cosine           Adam, signed, box, step decay
-CPL (Wei et al. 2020)     uniform/label   Gaussian         L-BFGS, patterned init
-Bayes (this paper)        TV              the defense's    Adam, exponential decay
-GradInversion (prior)     TV+ℓ2+BN stats  Gaussian         see priors.gradinversion
+(``inverting-gradients``)
+CPL (``cpl``)             uniform/label   Gaussian         L-BFGS, patterned init
+GradInversion             TV+ℓ2+BN stats  Gaussian         Adam, box
+(``gradinversion``)
+Bayes (``bayes``)         TV              the defense's    Adam, exponential decay
+ℓ2, ℓ1, cosine            TV              Gaussian,        as Bayes (Table 2's
+(``l2``, ``l1``,                          Laplace, cosine  heuristic baselines)
+``cosine``)
 ========================  ==============  ===============  ==============================
 
-Each function returns an :class:`Attack`; calling it runs
-:func:`leakagelib.attacks.reconstruct`. Hyper-parameters come from each
-paper or its code (cited per preset); every one is a field that callers may
-override with :meth:`Attack.with_config`. Used by the chapter "Existing
-attacks are approximations".
+Each preset function returns an :class:`~leakagelib.attacks.attack.Attack`;
+every hyper-parameter a caller may need is a keyword of the function
+(defaults are the cited values), :meth:`~leakagelib.attacks.attack.Attack.with_config`
+changes any loop field afterwards and
+:meth:`~leakagelib.attacks.attack.Attack.on_layers` restricts the likelihood
+to some layers. :data:`PRESETS` maps the registry ids — the names every
+experiment record uses for its attacks — to the functions, and
+:func:`preset` looks one up. Used by the chapter "Existing attacks are
+approximations" and by every experiment.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from .attack import Attack, Include, restrict
+from .config import AttackConfig
+from .likelihoods import Cosine, Gaussian, Laplace, LayerSelection, Likelihood
+from .network_priors import LabelAlignment, gradinversion
+from .priors import Prior, TotalVariation, Uniform
 
-from ..gradients import recover_label_idlg
-from .likelihoods import Cosine, Gaussian, Likelihood
-from .loop import AttackConfig, AttackResult
-from .priors import LabelAlignment, Prior, TotalVariation, Uniform
-
-Update = dict[str, Tensor]
-
-__all__ = ["PRESETS", "Attack", "bayes", "cpl", "dlg", "idlg", "inverting_gradients"]
-
-LABEL_MODES = ("given", "optimize", "idlg")
-
-
-@dataclass(frozen=True)
-class Attack:
-    """A named optimisation attack: likelihood, prior, loop and how labels are obtained.
-
-    ``labels`` is ``"given"`` (the caller passes them), ``"optimize"`` (soft
-    labels optimised jointly, DLG) or ``"idlg"`` (read off the last layer's
-    gradient, one image per update).
-    """
-
-    name: str
-    likelihood: Likelihood
-    prior: Prior
-    config: AttackConfig
-    labels: str = "given"
-
-    def __post_init__(self) -> None:
-        if self.labels not in LABEL_MODES:
-            raise ValueError(f"unknown label mode {self.labels!r}; use one of {LABEL_MODES}")
-
-    def with_config(self, **changes: Any) -> Attack:
-        """This attack with some loop settings changed (``steps=50``, ``beta=0.1``, ...)."""
-        return replace(self, config=replace(self.config, **changes))
-
-    def parts(self) -> dict[str, Any]:
-        """The attack's ingredients as plain data (the Table 1 chapter prints these)."""
-        return {
-            "attack": self.name,
-            "prior": self.prior.describe(),
-            "likelihood": self.likelihood.describe(),
-            "optimizer": self.config.optimizer,
-            "steps": self.config.steps,
-            "labels": self.labels,
-        }
-
-    def __call__(
-        self,
-        model: nn.Module,
-        shared_update: Update,
-        *,
-        input_shape: tuple[int, ...],
-        labels: Tensor | None = None,
-        num_images: int = 1,
-        stacked: bool = False,
-        **options: Any,
-    ) -> AttackResult:
-        """Run the attack; ``options`` go to :func:`leakagelib.attacks.reconstruct`."""
-        from . import reconstruct
-
-        if self.labels == "given" and labels is None:
-            raise ValueError(f"the {self.name} attack needs the labels (labels=...)")
-        if self.labels == "idlg":
-            if num_images != 1:
-                raise ValueError("iDLG reads one label per update; use num_images=1")
-            if stacked:
-                n = next(iter(shared_update.values())).shape[0]
-                labels = torch.tensor(
-                    [
-                        recover_label_idlg({k: v[i] for k, v in shared_update.items()})
-                        for i in range(n)
-                    ]
-                )
-            else:
-                labels = torch.tensor([recover_label_idlg(shared_update)])
-        if self.labels == "optimize":
-            labels = None
-        return reconstruct(
-            model,
-            shared_update,
-            labels=labels,
-            likelihood=self.likelihood,
-            prior=self.prior,
-            config=self.config,
-            input_shape=input_shape,
-            num_images=num_images if labels is None else None,
-            stacked=stacked,
-            **options,
-        )
-
+__all__ = [
+    "PRESETS",
+    "bayes",
+    "cosine",
+    "cpl",
+    "dlg",
+    "grad_inversion",
+    "idlg",
+    "inverting_gradients",
+    "l1",
+    "l2",
+    "preset",
+]
 
 #: DLG's objective ‖g − s‖² is the Gaussian log-likelihood with 1/(2σ²) = 1.
 _DLG_SIGMA = 1.0 / math.sqrt(2.0)
 
 
-def dlg(steps: int = 300) -> Attack:
+def _lbfgs(steps: int, lr: float, beta: float = 0.0, **fields: Any) -> AttackConfig:
+    """The L-BFGS loop of DLG, iDLG and CPL: a constant lr (1 in their code), no prior by default."""
+    return AttackConfig(
+        steps=steps, optimizer="lbfgs", lr=lr, schedule="constant", decay=1.0, beta=beta, **fields
+    )
+
+
+def dlg(
+    *,
+    steps: int = 300,
+    lr: float = 1.0,
+    sigma: float = _DLG_SIGMA,
+    init: str = "normal",
+    box: bool = False,
+    restarts: int = 1,
+    lbfgs_iterations: int = 20,
+    include: Include = None,
+) -> Attack:
     """DLG: uniform prior, Gaussian likelihood (the squared ℓ2 distance), L-BFGS with lr 1.
 
     Dummy inputs and soft labels start from N(0, 1) and are optimised jointly
     (Zhu et al. 2019, Algorithm 1; L-BFGS with lr 1 and 300 iterations as in
-    their code, mit-han-lab/dlg).
+    their code, mit-han-lab/dlg). ``sigma`` = 1/√2 makes the likelihood
+    exactly minus DLG's distance; ``include`` restricts it to some layers.
     """
-    config = AttackConfig(
-        steps=steps,
-        optimizer="lbfgs",
-        lr=1.0,
-        schedule="constant",
-        decay=1.0,
-        beta=0.0,
+    config = _lbfgs(
+        steps,
+        lr,
+        init=init,
+        box=box,
+        restarts=restarts,
+        lbfgs_iterations=lbfgs_iterations,
         optimize_labels=True,
     )
-    return Attack("DLG", Gaussian(sigma=_DLG_SIGMA), Uniform(), config, labels="optimize")
+    lik = restrict(Gaussian(sigma=sigma), include)
+    return Attack("dlg", "DLG", lik, Uniform(), config, labels="optimize")
 
 
-def idlg(steps: int = 300) -> Attack:
-    """iDLG: DLG with the label read off the last layer's gradient (Zhao et al. 2020)."""
-    config = AttackConfig(
-        steps=steps, optimizer="lbfgs", lr=1.0, schedule="constant", decay=1.0, beta=0.0
+def idlg(
+    *,
+    steps: int = 300,
+    lr: float = 1.0,
+    sigma: float = _DLG_SIGMA,
+    init: str = "normal",
+    box: bool = False,
+    restarts: int = 1,
+    lbfgs_iterations: int = 20,
+    include: Include = None,
+    labels: str = "idlg",
+) -> Attack:
+    """iDLG: DLG with the label read off the last layer's gradient (Zhao et al. 2020).
+
+    ``labels="given"`` runs the same loop with known labels (the CVB paper's
+    protocol). Other keywords as :func:`dlg`.
+    """
+    config = _lbfgs(
+        steps,
+        lr,
+        init=init,
+        box=box,
+        restarts=restarts,
+        lbfgs_iterations=lbfgs_iterations,
     )
-    return Attack("iDLG", Gaussian(sigma=_DLG_SIGMA), Uniform(), config, labels="idlg")
+    lik = restrict(Gaussian(sigma=sigma), include)
+    return Attack("idlg", "iDLG", lik, Uniform(), config, labels=labels)
 
 
-def inverting_gradients(steps: int = 4000, tv: float = 4e-4, lr: float = 0.1) -> Attack:
+def cpl(
+    *,
+    steps: int = 300,
+    lr: float = 1.0,
+    pattern_size: int = 4,
+    label_weight: float = 0.0,
+    sigma: float = _DLG_SIGMA,
+    box: bool = False,
+    restarts: int = 1,
+    lbfgs_iterations: int = 20,
+    include: Include = None,
+    labels: str = "idlg",
+) -> Attack:
+    """CPL (Wei et al. 2020): DLG's ℓ2 objective and L-BFGS from a patterned initialisation.
+
+    The patterned seed is one random ``pattern_size`` × ``pattern_size`` patch
+    tiled over the image; labels are read off the gradient as in iDLG
+    (``labels="given"`` uses known ones). CPL's label-based regulariser
+    ``α‖F(x; W) − y‖²`` (:class:`LabelAlignment`, bound to the attacked model
+    when the attack runs) is the prior with weight ``α = label_weight``; the
+    default 0 follows the authors' public notebook, where the term is
+    commented out, and leaves a uniform prior.
+    """
+    if label_weight < 0:
+        raise ValueError(f"label_weight must be non-negative, got {label_weight}")
+    config = _lbfgs(
+        steps,
+        lr,
+        beta=label_weight,
+        init="pattern",
+        box=box,
+        pattern_size=pattern_size,
+        restarts=restarts,
+        lbfgs_iterations=lbfgs_iterations,
+    )
+    prior: Prior = LabelAlignment() if label_weight > 0 else Uniform()
+    lik = restrict(Gaussian(sigma=sigma), include)
+    return Attack("cpl", "CPL", lik, prior, config, labels=labels)
+
+
+def inverting_gradients(
+    *,
+    steps: int = 4000,
+    tv: float = 4e-4,
+    lr: float = 0.1,
+    signed: bool = True,
+    box: bool = True,
+    schedule: str = "step",
+    decay: float = 0.1,
+    init: str = "normal",
+    restarts: int = 1,
+    weighting: str = "uniform",
+    include: Include = None,
+) -> Attack:
     """Inverting Gradients (Geiping et al. 2020): cosine likelihood, TV prior, signed Adam.
 
     Box-constrained iterates, signed gradients and a step schedule that divides
     the learning rate by 10 at 3/8, 5/8 and 7/8 of the run, as in their code.
     Defaults are the values the Bayes paper used with that code (§6): lr 0.1,
-    TV weight 4·10⁻⁴ and 4000 iterations (its Soteria experiment). Pass
-    ``bounds`` (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
+    TV weight 4·10⁻⁴ and 4000 iterations (its Soteria experiment).
+    ``weighting="exponential"`` is their layer weighting. Pass ``bounds``
+    (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
     """
     config = AttackConfig(
         steps=steps,
         optimizer="adam",
         lr=lr,
-        schedule="step",
-        decay=0.1,
+        schedule=schedule,
+        decay=decay,
         beta=tv,
-        signed=True,
-        box=True,
+        init=init,
+        restarts=restarts,
+        signed=signed,
+        box=box,
     )
-    return Attack("Inverting Gradients", Cosine(), TotalVariation(power=1), config)
+    lik = restrict(Cosine(layers=LayerSelection(weighting=weighting)), include)
+    return Attack("inverting-gradients", "Inverting Gradients", lik, TotalVariation(1), config)
 
 
-def cpl(steps: int = 300, pattern_size: int = 4, label_weight: float = 0.0) -> Attack:
-    """CPL (Wei et al. 2020): DLG's ℓ2 objective and L-BFGS from a patterned initialisation.
+def grad_inversion(
+    *,
+    steps: int = 20_000,
+    lr: float = 0.1,
+    tv: float = 1e-4,
+    l2: float = 1e-6,
+    bn: float = 0.1,
+    sigma: float = _DLG_SIGMA,
+    box: bool = True,
+    restarts: int = 1,
+    include: Include = None,
+) -> Attack:
+    """GradInversion (Yin et al. 2021): Gaussian likelihood, TV + ℓ2 + BatchNorm-statistics prior.
 
-    The patterned seed is one random ``pattern_size`` × ``pattern_size`` patch
-    tiled over the image; labels are read off the gradient as in iDLG. CPL's
-    label-based regulariser ``α‖F(x; W) − y‖²`` (:class:`LabelAlignment`,
-    bound to the attacked model when the attack runs) is the prior with
-    weight ``α = label_weight``; the default 0 follows the authors' public
-    notebook, where the term is commented out, and leaves a uniform prior.
+    The Bayes paper's Table 1 reading: the ℓ2 gradient distance is a Gaussian
+    likelihood, and :func:`~leakagelib.attacks.network_priors.gradinversion` the prior
+    with weights ``tv``, ``l2`` and ``bn`` (β = 1). The paper's code is not
+    public; the values are those of breaching's re-implementation
+    (JonasGeiping/breaching, ``config/attack/seethroughgradients.yaml``):
+    Adam with lr 0.1, box-constrained, 20,000 iterations, TV 10⁻⁴, image norm
+    10⁻⁶, DeepInversion (BatchNorm) 0.1, labels given (recover them with
+    :func:`leakagelib.gradients.recover_labels_batch`). Not modelled: the
+    cosine learning-rate decay (the lr stays constant), the Langevin noise and
+    the group-consistency term of several seeds. Our TV sums over pixels, so
+    its weight is not interchangeable with that code's. ``bn > 0`` needs a
+    model with BatchNorm layers (pass ``bn=0`` otherwise); pass ``bounds``.
     """
-    if label_weight < 0:
-        raise ValueError(f"label_weight must be non-negative, got {label_weight}")
     config = AttackConfig(
         steps=steps,
-        optimizer="lbfgs",
-        lr=1.0,
+        optimizer="adam",
+        lr=lr,
         schedule="constant",
         decay=1.0,
-        beta=label_weight,
-        init="pattern",
-        pattern_size=pattern_size,
+        beta=1.0,
+        restarts=restarts,
+        box=box,
     )
-    prior: Prior = LabelAlignment() if label_weight > 0 else Uniform()
-    return Attack("CPL", Gaussian(sigma=_DLG_SIGMA), prior, config, labels="idlg")
+    prior = gradinversion(tv=tv, l2=l2, bn=bn)
+    return Attack(
+        "gradinversion", "GradInversion", restrict(Gaussian(sigma=sigma), include), prior, config
+    )
 
 
 def bayes(
@@ -203,8 +253,15 @@ def bayes(
     prior: Prior | None = None,
     beta: float = 0.1,
     steps: int = 200,
+    lr: float = 0.5,
+    decay: float = 0.94,
+    schedule: str = "exponential",
+    init: str = "normal",
+    box: bool = False,
+    restarts: int = 1,
     mc_samples: int = 1,
     delta: float = 0.0,
+    include: Include = None,
 ) -> Attack:
     """The approximate Bayes-optimal adversary (Algorithm 1) for a defense's likelihood.
 
@@ -214,20 +271,70 @@ def bayes(
     with lr 0.5 and exponential decay 0.94 per step, 200 steps, their
     squared-difference TV prior. ``beta`` is the prior weight the paper tunes
     per attack (A.3; see :mod:`leakagelib.attacks.search`); ``mc_samples`` and
-    ``delta`` are Algorithm 1's k and δ.
+    ``delta`` are Algorithm 1's k and δ; ``include`` restricts the likelihood
+    to some layers.
     """
     config = AttackConfig(
         steps=steps,
         optimizer="adam",
-        lr=0.5,
-        schedule="exponential",
-        decay=0.94,
+        lr=lr,
+        schedule=schedule,
+        decay=decay,
         beta=beta,
+        init=init,
+        box=box,
+        restarts=restarts,
         mc_samples=mc_samples,
         delta=delta,
     )
-    return Attack("Bayes", likelihood, prior or TotalVariation(power=2), config)
+    lik = restrict(likelihood, include)
+    return Attack("bayes", "Bayes", lik, prior or TotalVariation(power=2), config)
 
 
-#: The presets that need no defense, by name (the Table 1 chapter iterates over these).
-PRESETS = {"dlg": dlg, "idlg": idlg, "inverting-gradients": inverting_gradients, "cpl": cpl}
+def _baseline(name: str, title: str, likelihood: Likelihood, overrides: dict[str, Any]) -> Attack:
+    """A heuristic attack of Table 2: the Bayes loop and prior with a fixed distance."""
+    return replace(bayes(likelihood, **overrides), name=name, title=title)
+
+
+def l2(**overrides: Any) -> Attack:
+    """Table 2's ℓ2 attack: the Bayes attack's loop and TV prior with the ℓ2 distance (σ = 1).
+
+    The heuristic baselines of the Bayes paper (§6, A.3) share the Bayes
+    attack's loop and prior and differ only in the distance; ``overrides``
+    are the keywords of :func:`bayes` (``steps``, ``beta``, ``prior``, ...).
+    """
+    return _baseline("l2", "ℓ2", Gaussian(), overrides)
+
+
+def l1(**overrides: Any) -> Attack:
+    """Table 2's ℓ1 attack (Laplace likelihood, b = 1); ``overrides`` as :func:`bayes`."""
+    return _baseline("l1", "ℓ1", Laplace(), overrides)
+
+
+def cosine(**overrides: Any) -> Attack:
+    """Table 2's cosine attack (cosine likelihood); ``overrides`` as :func:`bayes`."""
+    return _baseline("cosine", "cosine", Cosine(), overrides)
+
+
+#: Every preset by its registry id: the names experiment records give their attacks.
+PRESETS: dict[str, Callable[..., Attack]] = {
+    "dlg": dlg,
+    "idlg": idlg,
+    "inverting-gradients": inverting_gradients,
+    "cpl": cpl,
+    "gradinversion": grad_inversion,
+    "bayes": bayes,
+    "l2": l2,
+    "l1": l1,
+    "cosine": cosine,
+}
+
+
+def preset(name: str, **overrides: Any) -> Attack:
+    """The preset ``name`` (a key of :data:`PRESETS`) built with ``overrides``.
+
+    ``preset("bayes", likelihood=defense.likelihood(), beta=0.01)``.
+    """
+    if name not in PRESETS:
+        raise KeyError(f"unknown attack preset {name!r}; use one of {sorted(PRESETS)}")
+    return PRESETS[name](**overrides)

@@ -13,19 +13,13 @@ authors' code does. All are pure tensor functions (vmap/grad safe).
 * :class:`PixelRange` — the term of Appendix A.4 that pulls de-normalised
   pixels into [0, 1];
 * :class:`WeightedSum` — ``Σ wᵢ log pᵢ(x)``; priors add and scale with ``+``
-  and ``*``, so A.4's ``φ·L_TV + (1 − φ)·L_[0,1]`` reads as written;
-* :class:`BatchNormStatistics` — GradInversion's (and DeepInversion's)
-  feature-statistics prior: the reconstruction's per-channel mean and variance
-  at every BatchNorm layer's input should match that layer's running
-  statistics;
-* :class:`LabelAlignment` — CPL's label-based regulariser: the network's
-  prediction on the reconstruction should match the (recovered) label;
-* :func:`gradinversion` — TV plus an ℓ2 image norm, plus the BatchNorm term
-  when given a model with BatchNorm layers.
+  and ``*``, so A.4's ``φ·L_TV + (1 − φ)·L_[0,1]`` reads as written.
 
-The last two read more than ``x``: the network (a prior built without one is
-*bound* to the attacked model by the attack loop, :func:`bind_model`) and, for
-:class:`LabelAlignment`, the labels of the attack (:meth:`Prior.log_prob_given`).
+The priors that read the network as well as ``x`` — GradInversion's
+BatchNorm statistics and CPL's label term — are in :mod:`.network_priors`; a
+prior built without its network is *bound* to the attacked model by the
+attack loop (:func:`bind_model`), and label-aware priors see the attack's
+labels through :meth:`Prior.log_prob_given`.
 
 Used by the chapters "Existing attacks are approximations" and "Bayes versus
 heuristics under defenses".
@@ -35,16 +29,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 __all__ = [
-    "BatchNormStatistics",
     "GaussianPrior",
-    "LabelAlignment",
     "LaplacePrior",
     "PixelRange",
     "Prior",
@@ -52,7 +43,6 @@ __all__ = [
     "Uniform",
     "WeightedSum",
     "bind_model",
-    "gradinversion",
 ]
 
 
@@ -252,174 +242,3 @@ def bind_model(prior: Prior, model: nn.Module) -> Prior:
     if not isinstance(prior, Prior):
         raise TypeError(f"expected a Prior, got {type(prior).__name__}")
     return prior.bind(model)
-
-
-def _frozen_forward(model: nn.Module, x: Tensor) -> Tensor:
-    """``model(x)`` with the network's parameters and buffers held constant.
-
-    The priors that read the network differentiate with respect to the input
-    only; calling the module directly would also record a graph through its
-    (trainable) weights on every attack step.
-    """
-    state = {k: v.detach() for k, v in (*model.named_parameters(), *model.named_buffers())}
-    return functional_call(model, state, (x,))
-
-
-#: BatchNorm layers whose running statistics :class:`BatchNormStatistics` matches.
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-@dataclass(frozen=True)
-class BatchNormStatistics(Prior):
-    """GradInversion's BatchNorm prior: ``-Σ_l ‖μ_l(x) − μ_l^BN‖₂ + ‖σ²_l(x) − σ²_l^BN‖₂``.
-
-    Yin et al. (2021, "See through gradients", §3, R_BN) regularise a
-    reconstruction by asking that, at the input of every BatchNorm layer
-    ``l``, the per-channel mean ``μ_l(x)`` and variance ``σ²_l(x)`` of the
-    reconstructed batch match the layer's running statistics — the training
-    data's statistics that the network carries. The norms are plain (not
-    squared) ℓ2 norms and the variance is the biased one, as in DeepInversion's
-    feature hook, which GradInversion reuses (NVlabs/DeepInversion,
-    ``DeepInversionFeatureHook``). Statistics are taken over the reconstructed
-    batch of one attack (its ``n`` inputs) and every position, i.e. every
-    dimension but the channel.
-
-    The layer inputs are read with forward pre-hooks during a forward pass of
-    ``model``; hooks are plain Python, so this works inside the attack loop's
-    ``vmap``/``grad`` (the captured tensors are the batched tensors of that
-    trace). The model must be in eval mode: in training mode BatchNorm would
-    write its running statistics in place, which ``vmap`` forbids — and the
-    attacked gradient is then computed with those same running statistics.
-
-    ``model=None`` leaves the prior unbound; the attack loop binds it to the
-    attacked network (:func:`bind_model`). Used by :func:`gradinversion` and
-    the chapter "Existing attacks are approximations".
-    """
-
-    model: nn.Module | None = field(default=None, compare=False, repr=False)
-
-    def bind(self, model: nn.Module) -> BatchNormStatistics:
-        if self.model is not None:
-            return self
-        if not any(isinstance(m, _BATCHNORMS) for m in model.modules()):
-            raise ValueError(
-                "the BatchNorm-statistics prior needs a model with BatchNorm layers; "
-                f"{type(model).__name__} has none"
-            )
-        return BatchNormStatistics(model)
-
-    def _layers(self) -> list[nn.Module]:
-        if self.model is None:
-            raise ValueError(
-                "this BatchNorm-statistics prior is not bound to a model: build it with "
-                "BatchNormStatistics(model), or pass it to reconstruct, which binds it"
-            )
-        layers = [m for m in self.model.modules() if isinstance(m, _BATCHNORMS)]
-        if any(m.training for m in layers):
-            raise ValueError(
-                "the BatchNorm-statistics prior needs model.eval(): in training mode BatchNorm "
-                "updates its running statistics in place, which the batched attack cannot do"
-            )
-        if any(m.running_mean is None or m.running_var is None for m in layers):
-            raise ValueError("every BatchNorm layer needs running statistics (track_running_stats)")
-        return layers
-
-    def log_prob(self, x: Tensor) -> Tensor:
-        layers = self._layers()
-        inputs: list[tuple[nn.Module, Tensor]] = []
-        handles = [
-            m.register_forward_pre_hook(lambda mod, args: inputs.append((mod, args[0])))
-            for m in layers
-        ]
-        try:
-            _frozen_forward(self.model, x)
-        finally:
-            for h in handles:
-                h.remove()
-        total = x.sum() * 0.0
-        for mod, a in inputs:
-            dims = [d for d in range(a.dim()) if d != 1]
-            mean = a.mean(dims)
-            var = (a - mean.reshape(1, -1, *([1] * (a.dim() - 2)))).pow(2).mean(dims)
-            total = total + (mean - mod.running_mean).norm() + (var - mod.running_var).norm()
-        return -total
-
-    def describe(self) -> dict[str, object]:
-        return {"prior": "bn-statistics"}
-
-
-@dataclass(frozen=True)
-class LabelAlignment(Prior):
-    """CPL's label-based regulariser: ``-‖softmax(h(x)) − e_y‖₂²``, averaged over the inputs.
-
-    Wei et al. (2020, "A framework for evaluating client privacy leakages in
-    federated learning", §4, the attack's label-based regularisation) add to
-    the gradient distance a term that pulls the network's prediction on the
-    reconstruction towards the label the attacker has already recovered from
-    the gradient (iDLG's rule), ``α‖F(x_rec; W) − y_rec‖²``. Here ``F`` is the
-    softmax output and ``y`` the one-hot label (a soft label when labels are
-    optimised); the weight α is the attack's β. In the Bayes reading it is a
-    label-conditional prior ``p(x | y) ∝ exp(−‖p(·|x) − e_y‖²)``: inputs the
-    network already assigns to class y are a priori more likely. The authors'
-    public notebook (git-disl/CPL_attack, ``LFW_enhanced_random_ASR.ipynb``)
-    keeps a variant of the term commented out, so its default weight there is 0.
-
-    It reads the attack's labels, so it acts through
-    :meth:`log_prob_given` (which the attack loop calls); :meth:`log_prob`
-    without labels raises. ``model=None`` leaves it unbound; the attack loop
-    binds it to the attacked network.
-    """
-
-    model: nn.Module | None = field(default=None, compare=False, repr=False)
-
-    def bind(self, model: nn.Module) -> LabelAlignment:
-        return self if self.model is not None else LabelAlignment(model)
-
-    def log_prob(self, x: Tensor) -> Tensor:
-        raise ValueError(
-            "the label-alignment prior needs the attack's labels: call log_prob_given(x, labels)"
-        )
-
-    def log_prob_given(self, x: Tensor, target: Tensor) -> Tensor:
-        if self.model is None:
-            raise ValueError(
-                "this label-alignment prior is not bound to a model: build it with "
-                "LabelAlignment(model), or pass it to reconstruct, which binds it"
-            )
-        probs = torch.softmax(_frozen_forward(self.model, x), dim=-1)
-        if target.dim() == probs.dim():  # soft labels n × K
-            onehot = target.to(probs.dtype)
-        else:
-            classes = torch.arange(probs.shape[-1], device=probs.device)
-            onehot = (classes == target.unsqueeze(-1)).to(probs.dtype)
-        return -(probs - onehot).pow(2).sum(-1).mean()
-
-    def describe(self) -> dict[str, object]:
-        return {"prior": "label-alignment"}
-
-
-def gradinversion(
-    tv: float = 1e-4, l2: float = 1e-6, bn: float = 0.0, model: nn.Module | None = None
-) -> WeightedSum:
-    """GradInversion's image prior: ``tv·TV + l2·‖x‖² + bn·R_BN``.
-
-    Yin et al. (2021) combine total variation, an ℓ2 image norm and the
-    DeepInversion term matching BatchNorm statistics
-    (:class:`BatchNormStatistics`). The BatchNorm term is included when
-    ``bn > 0``; it is then bound to ``model`` if given, else to the attacked
-    model by the attack loop (which must have BatchNorm layers — the networks
-    of this library's Bayes chapters have none, so there ``bn`` stays 0). The
-    default weights are illustrative starting points for the hyper-parameter
-    search (:mod:`leakagelib.attacks.search`), not values from that paper;
-    the ℓ2 term is a Gaussian prior with ``1/(2 std²) = 1``.
-    """
-    if tv < 0 or l2 < 0 or bn < 0:
-        raise ValueError("prior weights must be non-negative")
-    terms: tuple[tuple[float, Prior], ...] = (
-        (tv, TotalVariation(power=1)),
-        (l2, GaussianPrior(std=2**-0.5)),
-    )
-    if bn > 0:
-        stats = BatchNormStatistics() if model is None else BatchNormStatistics().bind(model)
-        terms = (*terms, (bn, stats))
-    return WeightedSum(terms)

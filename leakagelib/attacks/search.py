@@ -13,9 +13,9 @@ their parameters" (§6), so each attack is tuned before attacks are compared:
    heuristic attacks — layer weighting (uniform, exponential): 480
    combinations (values from the same script).
 
-Each stage runs *every* attack and every candidate as settings of one
-batched program (:func:`leakagelib.attacks.loop.run_attack` with one
-likelihood per setting). Scores are mean PSNR of de-normalised
+Each stage runs *every* attack (a preset of :mod:`.presets`; they share the
+loop and differ in likelihood and prior) and every candidate as settings of
+one batched program (:func:`leakagelib.attacks.attack.run_together`). Scores are mean PSNR of
 reconstructions against the tuning images, with data range 1 and no
 clipping, as the authors' ``compute_matching`` computes it. Used by the
 experiment ``bayes/table2`` and the chapter "Bayes versus heuristics under
@@ -26,18 +26,21 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .. import metrics
-from .likelihoods import Likelihood
-from .loop import AttackConfig, AttackResult, Setting, run_attack
-from .priors import Prior
+from .attack import Attack, run_together
+from .config import Setting
+from .result import AttackResult
 
 Update = dict[str, Tensor]
+Candidates = list[tuple[str, Setting]]
 
 __all__ = ["Grid", "SearchResult", "log_beta_grid", "score", "search"]
 
@@ -78,45 +81,81 @@ def score(result: AttackResult, truth: Tensor, denormalize: Callable[[Tensor], T
     ``truth`` is ``N × n × ...`` in [0, 1]; reconstructions are de-normalised
     with ``denormalize`` and compared without clipping (data range 1).
     """
-    H, N, n = result.images.shape[:3]
+    H, (N, n) = result.num_settings, result.per_update().shape[:2]
     if tuple(truth.shape[:2]) != (N, n):
         raise ValueError(f"truth must be {N} × {n} × ..., got {tuple(truth.shape)}")
-    rec = denormalize(result.images.reshape(H * N * n, *result.images.shape[3:]).cpu())
+    rec = denormalize(torch.cat([result.inputs(h) for h in range(H)]).cpu())
     ref = truth.reshape(N * n, *truth.shape[2:]).cpu().repeat(H, *([1] * (truth.dim() - 2)))
     return metrics.psnr(rec, ref).reshape(H, N * n).mean(1)
 
 
-def _run(
-    model,
-    updates,
-    labels,
-    truth,
-    denormalize,
-    attacks,
-    prior,
-    config,
-    cands,
-    input_shape,
-    gen,
-    device,
-    bounds,
-) -> Tensor:
-    """One batched program over ``cands`` = [(attack name, Setting)]; PSNR per candidate."""
-    result = run_attack(
-        model,
-        updates,
-        labels=labels,
-        num_images=labels.shape[1],
-        input_shape=input_shape,
-        likelihood=[attacks[a] for a, _ in cands],
-        prior=[prior[a] if isinstance(prior, Mapping) else prior for a, _ in cands],
-        config=config,
-        settings=[s for _, s in cands],
-        bounds=bounds,
-        generator=gen,
-        device=device,
+def _best(cands: Candidates, psnr: np.ndarray, name: str) -> tuple[Setting, float]:
+    """``name``'s candidate with the highest PSNR (NaN counts as −∞) and that PSNR."""
+    idx = [i for i, (a, _) in enumerate(cands) if a == name]
+    i_best = idx[int(np.argmax(np.nan_to_num(psnr[idx], nan=-np.inf)))]
+    return cands[i_best][1], float(np.nan_to_num(psnr[i_best], nan=-np.inf))
+
+
+def _log_beta(cands: Candidates, psnr: np.ndarray, name: str, refine: bool) -> tuple[float, float]:
+    """Stage 1's β for ``name`` and its PSNR; the authors average tied β before refining them."""
+    betas = np.array([s.beta for a, s in cands if a == name])
+    ps = np.nan_to_num(
+        np.array([p for (a, _), p in zip(cands, psnr, strict=True) if a == name]), nan=-np.inf
     )
-    return score(result, truth, denormalize)
+    ties = np.abs(ps - ps.max()) < 1e-3
+    beta = float(np.mean(betas[ties])) if refine else float(betas[int(ps.argmax())])
+    return beta, float(ps.max())
+
+
+def _grid(
+    attacks: Mapping[str, Attack],
+    best_beta: Mapping[str, float],
+    grid: Grid,
+    weightings: Mapping[str, Sequence[str]] | None,
+) -> Candidates:
+    """Stage 3's candidates: the grid around each attack's β, its own lr and the grid's decays."""
+    cands = []
+    for a, attack in attacks.items():
+        base = attack.config.setting()
+        ws = tuple(weightings[a]) if weightings and a in weightings else grid.weightings
+        for lf, dec, bf, w in itertools.product(
+            grid.lr_factors, grid.decays, grid.beta_factors, ws
+        ):
+            cands.append((a, Setting(base.lr * lf, dec, best_beta[a] * bf, w)))
+    return cands
+
+
+def _run_stage(
+    stage: str,
+    cands: Candidates,
+    *,
+    attacks: Mapping[str, Attack],
+    truth: Tensor,
+    denormalize: Callable[[Tensor], Tensor],
+    rows: list[dict[str, object]],
+    **options: Any,
+) -> np.ndarray:
+    """One stage's candidates as one batched program: PSNR per candidate, a row each in ``rows``.
+
+    ``options`` go to :func:`~leakagelib.attacks.attack.run_together`.
+    """
+    result = run_together(
+        attacks=[attacks[a] for a, _ in cands], settings=[s for _, s in cands], **options
+    )
+    psnr = score(result, truth, denormalize).numpy()
+    rows.extend(
+        {
+            "stage": stage,
+            "attack": a,
+            "lr": s.lr,
+            "decay": s.decay,
+            "beta": s.beta,
+            "weighting": s.weighting or "default",
+            "psnr": float(p),
+        }
+        for (a, s), p in zip(cands, psnr, strict=True)
+    )
+    return psnr
 
 
 def search(
@@ -126,9 +165,7 @@ def search(
     labels: Tensor,
     truth: Tensor,
     denormalize: Callable[[Tensor], Tensor],
-    attacks: Mapping[str, Likelihood],
-    prior: Prior | Mapping[str, Prior],
-    config: AttackConfig,
+    attacks: Mapping[str, Attack],
     input_shape: tuple[int, ...],
     betas: Sequence[float] | None = None,
     refine: int = 20,
@@ -138,88 +175,45 @@ def search(
     device: str | torch.device | None = None,
     bounds: tuple[Tensor, Tensor] | None = None,
 ) -> SearchResult:
-    """Tune every attack in ``attacks`` (name → likelihood) on the stacked ``updates``.
+    """Tune every attack in ``attacks`` (name → preset) on the stacked ``updates``.
 
-    ``prior`` is one prior for all attacks or a prior per attack name (so that
-    priors, e.g. A.4's TV + pixel range for several φ, are searched too).
-
-    ``labels`` is ``N × n``, ``truth`` the tuning inputs ``N × n × ...`` in
-    [0, 1]. ``betas`` defaults to :func:`log_beta_grid`; ``refine`` is the
-    number of linear β values of stage 2 (0 skips it); ``grid`` is stage 3
-    (``None`` skips it). ``weightings`` restricts the layer weightings per
-    attack (the paper tunes the weighting only for the heuristic attacks).
+    The attacks share their loop and may differ in likelihood and prior (so
+    that priors, e.g. A.4's TV + pixel range for several φ, are searched too);
+    each starts from its own lr, decay and layer weighting. ``labels`` is
+    ``N × n``, ``truth`` the tuning inputs ``N × n × ...`` in [0, 1].
+    ``betas`` defaults to :func:`log_beta_grid`; ``refine`` is the number of
+    linear β values of stage 2 (0 skips it); ``grid`` is stage 3 (``None``
+    skips it). ``weightings`` restricts the layer weightings per attack (the
+    paper tunes the weighting only for the heuristic attacks).
     """
     if not attacks:
         raise ValueError("search needs at least one attack")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    betas = list(betas) if betas is not None else log_beta_grid()
-    args = (model, updates, labels, truth, denormalize, attacks, prior, config)
-    tail = (input_shape, gen, device, bounds)
     rows: list[dict[str, object]] = []
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    run = partial(
+        _run_stage, attacks=attacks, truth=truth, denormalize=denormalize, rows=rows, model=model,
+        updates=updates, labels=labels, input_shape=input_shape, bounds=bounds, generator=gen,
+        device=device,
+    )  # fmt: skip
 
-    def run_stage(stage: str, cands: list[tuple[str, Setting]]) -> np.ndarray:
-        psnr = _run(*args, cands, *tail).numpy()
-        for (a, s), p in zip(cands, psnr, strict=True):
-            rows.append(
-                {
-                    "stage": stage,
-                    "attack": a,
-                    "lr": s.lr,
-                    "decay": s.decay,
-                    "beta": s.beta,
-                    "weighting": s.weighting or "default",
-                    "psnr": float(p),
-                }
-            )
-        return psnr
+    def at(beta: float, a: str) -> Setting:
+        return replace(attacks[a].config.setting(), beta=float(beta))
 
-    base = config.setting()
-    names = list(attacks)
-    cands = [(a, Setting(base.lr, base.decay, b, base.weighting)) for a in names for b in betas]
-    psnr = run_stage("log-beta", cands)
-    best_beta: dict[str, float] = {}
-    best_psnr: dict[str, float] = {}
-    for a in names:
-        ps = np.array([p for (name, _), p in zip(cands, psnr, strict=True) if name == a])
-        ps = np.nan_to_num(ps, nan=-np.inf)
-        best_psnr[a] = float(ps.max())
-        # the authors average tied β values before refining them linearly
-        ties = np.abs(ps - ps.max()) < 1e-3
-        best_beta[a] = (
-            float(np.mean(np.array(betas)[ties])) if refine > 0 else betas[int(ps.argmax())]
-        )
+    betas = log_beta_grid() if betas is None else betas
+    cands = [(a, at(b, a)) for a in attacks for b in betas]
+    psnr = run("log-beta", cands)
+    found = {a: _log_beta(cands, psnr, a, refine > 0) for a in attacks}
+    best = {a: at(beta, a) for a, (beta, _) in found.items()}
+    best_psnr = {a: p for a, (_, p) in found.items()}
     if refine > 0:
         ts = np.arange(refine) / refine
-        cands = [
-            (
-                a,
-                Setting(
-                    base.lr,
-                    base.decay,
-                    float(best_beta[a] * (2 * t + 0.5 * (1 - t))),
-                    base.weighting,
-                ),
-            )
-            for a in names
-            for t in ts
-        ]
-        psnr = np.nan_to_num(run_stage("linear-beta", cands), nan=-np.inf)
-        for a in names:
-            idx = [i for i, (name, _) in enumerate(cands) if name == a]
-            i_best = idx[int(np.argmax(psnr[idx]))]
-            best_beta[a], best_psnr[a] = cands[i_best][1].beta, float(psnr[i_best])
-    best = {a: Setting(base.lr, base.decay, best_beta[a], base.weighting) for a in names}
+        cands = [(a, at(best[a].beta * (2 * t + 0.5 * (1 - t)), a)) for a in attacks for t in ts]
+        psnr = run("linear-beta", cands)
+        for a in attacks:
+            best[a], best_psnr[a] = _best(cands, psnr, a)
     if grid is not None:
-        cands = []
-        for a in names:
-            ws = tuple(weightings[a]) if weightings and a in weightings else grid.weightings
-            for lf, dec, bf, w in itertools.product(
-                grid.lr_factors, grid.decays, grid.beta_factors, ws
-            ):
-                cands.append((a, Setting(base.lr * lf, dec, best_beta[a] * bf, w)))
-        psnr = np.nan_to_num(run_stage("grid", cands), nan=-np.inf)
-        for a in names:
-            idx = [i for i, (name, _) in enumerate(cands) if name == a]
-            i_best = idx[int(np.argmax(psnr[idx]))]
-            best[a], best_psnr[a] = cands[i_best][1], float(psnr[i_best])
+        cands = _grid(attacks, {a: s.beta for a, s in best.items()}, grid, weightings)
+        psnr = run("grid", cands)
+        for a in attacks:
+            best[a], best_psnr[a] = _best(cands, psnr, a)
     return SearchResult(best=best, best_psnr=best_psnr, rows=rows)

@@ -13,7 +13,8 @@ The shared update keeps the model's shapes — bias entries are sent as zeros �
 so every attack's shape checks still apply. The mechanism is deterministic:
 ``p(g | x)`` is a point mass at the weight gradients, and the bias entries say
 nothing about ``x``. Its matched likelihood is therefore any of the noise-free
-likelihoods restricted to the weights (:meth:`BiasRemoval.likelihood`); an
+likelihoods restricted to the weights (:meth:`BiasRemoval.likelihood`, the
+Gaussian or the cosine one as chosen by ``attack``); an
 optimisation attack with it still recovers the input, which is the point the
 chapter "What a client update reveals" makes: bias removal stops one attack,
 not gradient leakage.
@@ -26,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..gradients import Update
-from .base import GradientDefense
+from .base import UpdateMechanism
 
 if TYPE_CHECKING:
     from ..attacks.likelihoods import Likelihood
 
 __all__ = ["BiasRemoval", "is_bias"]
+
+_ATTACKS = ("gaussian", "cosine")
 
 
 def is_bias(name: str) -> bool:
@@ -39,10 +42,23 @@ def is_bias(name: str) -> bool:
     return name == "bias" or name.endswith(".bias")
 
 
-class BiasRemoval(GradientDefense):
-    """Send every bias gradient as zeros; the weight gradients go unchanged."""
+class BiasRemoval(UpdateMechanism):
+    """Send every bias gradient as zeros; the weight gradients go unchanged.
 
-    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
+    ``attack`` ("gaussian" or "cosine") is the variant of the matched
+    likelihood :meth:`likelihood` hands out.
+    """
+
+    def __init__(self, *, attack: str = "gaussian") -> None:
+        if attack not in _ATTACKS:
+            raise ValueError(
+                f"attack must be one of {_ATTACKS} (the matched likelihood's form), got {attack!r}"
+            )
+        self.attack = attack
+
+    def perturb(
+        self, update: Update, generator: torch.Generator | None = None, *, stacked: bool = False
+    ) -> Update:
         """The update with its bias entries zeroed; deterministic, so ``generator`` is unused.
 
         Raises ``ValueError`` when the update has no bias entry (nothing to remove:
@@ -55,8 +71,8 @@ class BiasRemoval(GradientDefense):
             )
         return {k: torch.zeros_like(g) if is_bias(k) else g.clone() for k, g in update.items()}
 
-    def likelihood(self, kind: str = "gaussian") -> Likelihood:
-        """The matched likelihood: ``kind`` ("gaussian" or "cosine") over the weight gradients only.
+    def likelihood(self) -> Likelihood:
+        """The matched likelihood: the ``attack`` form over the weight gradients only.
 
         The mechanism adds no noise, so the Gaussian's σ only rescales the
         objective (the prior weight β absorbs it); the cosine variant is the
@@ -65,11 +81,9 @@ class BiasRemoval(GradientDefense):
         from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection
 
         weights_only = LayerSelection(include=lambda name: not is_bias(name))
-        if kind == "gaussian":
+        if self.attack == "gaussian":
             return Gaussian(layers=weights_only)
-        if kind == "cosine":
-            return Cosine(layers=weights_only)
-        raise ValueError(f"kind must be 'gaussian' or 'cosine', got {kind!r}")
+        return Cosine(layers=weights_only)
 
     def describe(self) -> dict[str, Any]:
         return {"defense": "bias-removal"}

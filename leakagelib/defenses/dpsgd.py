@@ -8,7 +8,8 @@ is divided by the batch size ``B``:
     g̃ = ( Σ_i g_i · min(1, C / ‖g_i‖) + N(0, σ²C² I) ) / B.
 
 The privacy it spends over ``T`` steps with sampling rate ``q`` is computed
-with Opacus's Rényi-DP accountant, as the CVB paper does (§VI-C, "Opacus'
+with Opacus's Rényi-DP accountant (``opacus.accountants.RDPAccountant``, through
+its public ``step`` and ``get_epsilon``), as the CVB paper does (§VI-C, "Opacus'
 implementation of DPSGD"; the clipping threshold and the noise multipliers
 of its Table IV are set by the experiment, not here).
 
@@ -18,6 +19,7 @@ experiment ``cvb/table4-defenses``.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +28,15 @@ from opacus.accountants import RDPAccountant
 from torch import Tensor, nn
 
 from ..attacks.likelihoods import LayerSelection, Likelihood
-from ..gradients import Update, per_sample_updates
-from .base import GradientDefense
+from ..gradients import Update
+from .base import GradientDefense, Objective, client_gradients, require
 
 __all__ = ["DPSGD", "ClippedGaussian", "clip_per_sample", "epsilon_spent"]
+
+_NOISE = "a finite number >= 0 (the noise's standard deviation over the clipping norm)"
+_NORM = "a finite positive number (the clipping threshold C)"
+_RATE = "in (0, 1] (the probability that a record is in a batch)"
+_DELTA = "in (0, 1) (the δ of (ε, δ)-DP)"
 
 
 def clip_per_sample(updates: Update, max_grad_norm: float) -> Update:
@@ -38,8 +45,7 @@ def clip_per_sample(updates: Update, max_grad_norm: float) -> Update:
     The norm is taken over all parameter tensors of one sample together
     (Opacus's "flat" clipping); the factor is ``min(1, C / ‖g_i‖)``.
     """
-    if not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
+    require("max_grad_norm", max_grad_norm, lambda v: v > 0, _NORM)
     n = _batch_size(updates)
     sq = sum(g.reshape(n, -1).pow(2).sum(dim=1) for g in updates.values())
     factor = (max_grad_norm / (sq.sqrt() + 1e-12)).clamp(max=1.0)
@@ -58,27 +64,37 @@ def _batch_size(updates: Update) -> int:
     return int(next(iter(sizes)))
 
 
+def _integer(name: str, value: int, minimum: int, what: str) -> int:
+    """``value`` as an int when it is an integer >= ``minimum``; else a ``ValueError`` naming it."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = minimum - 1
+    if isinstance(value, bool) or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} ({what}), got {value!r}")
+    return number
+
+
 def epsilon_spent(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     """ε of ``steps`` DP-SGD steps at ``noise_multiplier`` and ``sample_rate``, for ``delta``.
 
-    Opacus's RDP accountant (Mironov 2017; the subsampled Gaussian mechanism).
-    ``inf`` for a noise multiplier of 0 (no privacy).
+    Opacus's RDP accountant (Mironov 2017; the subsampled Gaussian mechanism),
+    fed one ``step`` per step: it merges identical consecutive steps into one
+    entry, so this stays cheap for long runs. ``inf`` for a noise multiplier
+    of 0 (no privacy).
     """
-    if noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be non-negative, got {noise_multiplier}")
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if steps < 0:
-        raise ValueError(f"steps must be non-negative, got {steps}")
-    if steps == 0:
+    sigma = require("noise_multiplier", noise_multiplier, lambda v: v >= 0, _NOISE)
+    q = require("sample_rate", sample_rate, lambda v: 0 < v <= 1, _RATE)
+    d = require("delta", delta, lambda v: 0 < v < 1, _DELTA)
+    count = _integer("steps", steps, 0, "DP-SGD steps taken")
+    if count == 0:
         return 0.0
-    if noise_multiplier == 0:
+    if sigma == 0:
         return float("inf")
     accountant = RDPAccountant()
-    accountant.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(accountant.get_epsilon(delta=delta))
+    for _ in range(count):
+        accountant.step(noise_multiplier=sigma, sample_rate=q)
+    return float(accountant.get_epsilon(delta=d))
 
 
 @dataclass(frozen=True)
@@ -117,12 +133,17 @@ class ClippedGaussian(Likelihood):
 class DPSGD(GradientDefense):
     """Differentially private SGD's gradient mechanism with an RDP privacy ledger.
 
-    ``apply(per_sample, generator)`` takes *per-sample* updates (every tensor
-    with a leading sample dimension B), clips, sums, adds ``N(0, σ²C²)`` and
-    divides by B; each call counts as one step in the ledger, at
-    ``sample_rate`` (the probability that a record is in a batch: batch size
-    over dataset size). :meth:`privatize` computes the per-sample updates of a
-    model on a batch first. :meth:`spent` reports (ε, δ) so far.
+    :meth:`share` computes the per-sample gradients of the batch, clips each to
+    norm ``max_grad_norm`` (C), sums them, adds ``N(0, σ²C²)`` (σ the noise
+    multiplier) and divides by the batch size B. ``per_image=True`` makes every
+    image a client taking one DP-SGD step on a batch of one: each image's own
+    gradient is clipped and noised independently (one vectorised gradient
+    computation). Every share is one step in the ledger, an
+    ``opacus.accountants.RDPAccountant`` at ``sample_rate`` (the probability
+    that a record is in a batch: batch size over dataset size); with
+    ``per_image`` it is one step of each (symmetric) client. :meth:`spent`
+    reports (ε, δ) so far. :meth:`likelihood` is matched to the batch size of
+    the last share (1 per image), or to ``batch_size`` before any share.
     """
 
     def __init__(
@@ -132,59 +153,55 @@ class DPSGD(GradientDefense):
         *,
         sample_rate: float = 1.0,
         delta: float = 1e-5,
+        batch_size: int | None = None,
     ) -> None:
-        if noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier must be non-negative, got {noise_multiplier}")
-        if not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
-        if not 0 < sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
-        self.noise_multiplier = float(noise_multiplier)
-        self.max_grad_norm = float(max_grad_norm)
-        self.sample_rate = float(sample_rate)
-        self.delta = float(delta)
+        self.noise_multiplier = require(
+            "noise_multiplier", noise_multiplier, lambda v: v >= 0, _NOISE
+        )
+        self.max_grad_norm = require("max_grad_norm", max_grad_norm, lambda v: v > 0, _NORM)
+        self.sample_rate = require("sample_rate", sample_rate, lambda v: 0 < v <= 1, _RATE)
+        self.delta = require("delta", delta, lambda v: 0 < v < 1, _DELTA)
+        self.accountant = RDPAccountant()
         self.steps = 0
-        self._last_batch = 1
+        self._batch = (
+            None
+            if batch_size is None
+            else _integer("batch_size", batch_size, 1, "the batch the attacked step used")
+        )
 
-    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
-        """The privatised mean gradient of the per-sample ``update`` (one DP-SGD step)."""
-        n = _batch_size(update)
-        clipped = clip_per_sample(update, self.max_grad_norm)
-        std = self.noise_multiplier * self.max_grad_norm
-        out = {}
-        for k, g in clipped.items():
-            total = g.sum(dim=0)
-            if std > 0:
-                noise = torch.randn(
-                    total.shape, generator=generator, device=total.device, dtype=total.dtype
-                )
-                total = total + std * noise
-            out[k] = total / n
-        self.steps += 1
-        self._last_batch = n
-        return out
-
-    def privatize(
+    def share(
         self,
         model: nn.Module,
         images: Tensor,
         labels: Tensor,
-        *,
-        loss: str = "ce",
         generator: torch.Generator | None = None,
+        *,
+        per_image: bool = False,
+        loss: str | Objective = "ce",
     ) -> Update:
-        """One DP-SGD step's shared update for ``model`` on the batch (per-sample, then :meth:`apply`)."""
-        return self.apply(per_sample_updates(model, images, labels, loss=loss), generator)
+        per = client_gradients(model, images, labels, per_image=True, loss=loss)
+        clipped = clip_per_sample(per, self.max_grad_norm)
+        std = self.noise_multiplier * self.max_grad_norm
+        if per_image:
+            # the draws of N one-image clients in turn (image by image, then layer by layer)
+            noise = [_noise(clipped, std, generator, row=i) for i in range(images.shape[0])]
+            out = {k: g + torch.stack([z[k] for z in noise]) for k, g in clipped.items()}
+            self._batch = 1
+        else:
+            summed = {k: g.sum(dim=0) for k, g in clipped.items()}
+            noise = _noise(summed, std, generator)
+            out = {k: (g + noise[k]) / images.shape[0] for k, g in summed.items()}
+            self._batch = images.shape[0]
+        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+        self.steps += 1
+        return out
 
-    def spent(self, steps: int | None = None) -> tuple[float, float]:
-        """(ε, δ) after ``steps`` steps (default: the steps applied so far)."""
-        t = self.steps if steps is None else steps
-        return epsilon_spent(self.noise_multiplier, self.sample_rate, t, self.delta), self.delta
+    def spent(self) -> tuple[float, float]:
+        """(ε, δ) after the steps shared so far, from the accountant."""
+        return float(self.accountant.get_epsilon(delta=self.delta)), self.delta
 
-    def likelihood(self, batch_size: int | None = None) -> Likelihood:
-        """The matched likelihood of a step on ``batch_size`` images (default: the last batch).
+    def likelihood(self) -> Likelihood:
+        """The matched likelihood of a step on the last share's batch (see the class doc).
 
         Exact for a batch of one (:class:`ClippedGaussian`); for larger batches it
         treats the noise on the mean of clipped gradients, σC/B, as the only
@@ -194,9 +211,14 @@ class DPSGD(GradientDefense):
             raise NotImplementedError(
                 "DP-SGD without noise is deterministic: p(g|x) is a point mass"
             )
-        b = self._last_batch if batch_size is None else int(batch_size)
+        if self._batch is None:
+            raise ValueError(
+                "the DP-SGD likelihood depends on the batch size: share a batch first, or "
+                "build the defense with batch_size=B"
+            )
         return ClippedGaussian(
-            sigma=self.noise_multiplier * self.max_grad_norm / b, max_grad_norm=self.max_grad_norm
+            sigma=self.noise_multiplier * self.max_grad_norm / self._batch,
+            max_grad_norm=self.max_grad_norm,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -207,3 +229,18 @@ class DPSGD(GradientDefense):
             "sample_rate": self.sample_rate,
             "delta": self.delta,
         }
+
+
+def _noise(
+    like: Update, std: float, generator: torch.Generator | None, *, row: int | None = None
+) -> Update:
+    """N(0, std²) for every tensor of ``like`` (its slice ``row`` when given); zeros when std = 0."""
+    out = {}
+    for k, g in like.items():
+        t = g if row is None else g[row]
+        if std > 0:
+            z = torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
+            out[k] = std * z
+        else:
+            out[k] = torch.zeros_like(t)
+    return out

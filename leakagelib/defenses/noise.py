@@ -11,10 +11,10 @@ Bayes attack is ``reconstruct(..., likelihood=defense.likelihood())``:
   Gaussian or Laplace noise (the authors' code draws the mask once per
   defense, eth-sri/bayes-framework-leakage, defenses/noise_defenses.py).
 
-Applied to a *stacked* update (leading dimension N, one update per client or
-image), the noise is independent per slice and the prune mask is shared, as
-for N clients of the same defended network. Used by the chapter "Bayes versus
-heuristics under defenses".
+Shared per image (``share(..., per_image=True)``, a stacked update with one
+slice per client), the noise is independent per slice and the prune mask is
+shared, as for N clients of the same defended network. Used by the chapter
+"Bayes versus heuristics under defenses".
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attacks.likelihoods import Gaussian, Laplace, Pruned
-from .base import GradientDefense
-
-Update = dict[str, Tensor]
+from ..attacks.likelihoods import NOISES, Gaussian, Laplace, Pruned
+from ..gradients import Update
+from .base import UpdateMechanism, require
 
 __all__ = ["GaussianNoise", "LaplaceNoise", "PruneNoise"]
 
@@ -51,15 +50,20 @@ def _gauss(shape: torch.Size, scale: float, like: Tensor, gen: torch.Generator |
     return (scale * torch.randn(shape, generator=gen, dtype=like.dtype)).to(like.device)
 
 
-class GaussianNoise(GradientDefense):
+class GaussianNoise(UpdateMechanism):
     """Add N(0, σ²) noise to every entry of the update; matched likelihood Gaussian(σ)."""
 
     def __init__(self, sigma: float = 0.1) -> None:
-        if not sigma > 0:
-            raise ValueError(f"sigma must be positive, got {sigma}")
-        self.sigma = float(sigma)
+        self.sigma = require(
+            "sigma",
+            sigma,
+            lambda v: v > 0,
+            "a finite positive number (the noise's standard deviation)",
+        )
 
-    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
+    def perturb(
+        self, update: Update, generator: torch.Generator | None = None, *, stacked: bool = False
+    ) -> Update:
         _check(update)
         return {k: v + _gauss(v.shape, self.sigma, v, generator) for k, v in update.items()}
 
@@ -70,15 +74,15 @@ class GaussianNoise(GradientDefense):
         return {"defense": "gaussian", "sigma": self.sigma}
 
 
-class LaplaceNoise(GradientDefense):
+class LaplaceNoise(UpdateMechanism):
     """Add Lap(0, b) noise to every entry of the update; matched likelihood Laplace(b)."""
 
     def __init__(self, b: float = 0.1) -> None:
-        if not b > 0:
-            raise ValueError(f"b must be positive, got {b}")
-        self.b = float(b)
+        self.b = require("b", b, lambda v: v > 0, "a finite positive number (the Laplace scale)")
 
-    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
+    def perturb(
+        self, update: Update, generator: torch.Generator | None = None, *, stacked: bool = False
+    ) -> Update:
         _check(update)
         return {k: v + _laplace(v.shape, self.b, v, generator) for k, v in update.items()}
 
@@ -89,24 +93,40 @@ class LaplaceNoise(GradientDefense):
         return {"defense": "laplacian", "b": self.b}
 
 
-class PruneNoise(GradientDefense):
+class PruneNoise(UpdateMechanism):
     """Zero a random half of the entries (a mask fixed per layer), then add noise.
 
     ``noise`` is ``"gaussian"`` (``scale`` = σ) or ``"laplace"`` (``scale`` =
     b); ``keep`` the probability an entry survives (0.5 in Table 2). The masks
-    are drawn from ``mask_seed`` on the first :meth:`apply` (they need the
-    update's shapes) and reused afterwards. :meth:`likelihood` returns the
+    are drawn from ``mask_seed`` on the first share (they need the update's
+    shapes) and reused afterwards. :meth:`likelihood` returns the
     :class:`~leakagelib.attacks.likelihoods.Pruned` likelihood with the mask
-    known to the attacker (as in the authors' code), or, with
-    ``mask_known=False``, the mixture that marginalises an unknown mask.
+    known to the attacker (``attacker_knows_mask=True``, as in the authors'
+    code), or else the mixture that marginalises an unknown mask.
     """
 
     def __init__(
-        self, noise: str = "gaussian", scale: float = 0.1, keep: float = 0.5, mask_seed: int = 0
+        self,
+        noise: str = "gaussian",
+        scale: float = 0.1,
+        keep: float = 0.5,
+        mask_seed: int = 0,
+        *,
+        attacker_knows_mask: bool = True,
     ) -> None:
-        Pruned(noise=noise, scale=scale, keep=keep)  # validates the parameters
-        self.noise, self.scale, self.keep = noise, float(scale), float(keep)
+        if noise not in NOISES:
+            raise ValueError(
+                f"noise must be one of {NOISES} (the noise added after pruning), got {noise!r}"
+            )
+        self.noise = noise
+        self.scale = require(
+            "scale", scale, lambda v: v > 0, "a finite positive number (σ or b of the noise)"
+        )
+        self.keep = require(
+            "keep", keep, lambda v: 0 < v <= 1, "in (0, 1] (the probability an entry survives)"
+        )
         self.mask_seed = int(mask_seed)
+        self.attacker_knows_mask = bool(attacker_knows_mask)
         self.masks: Update | None = None
 
     def _masks_for(self, update: Update, stacked: bool) -> Update:
@@ -122,10 +142,10 @@ class PruneNoise(GradientDefense):
             )
         return self.masks
 
-    def apply(
+    def perturb(
         self, update: Update, generator: torch.Generator | None = None, *, stacked: bool = False
     ) -> Update:
-        """The pruned, noised update; ``stacked=True`` for updates with a leading N."""
+        """The pruned, noised update; every slice of a stacked update gets the same masks."""
         _check(update)
         masks = self._masks_for(update, stacked)
         sample = _gauss if self.noise == "gaussian" else _laplace
@@ -134,16 +154,17 @@ class PruneNoise(GradientDefense):
             for k, v in update.items()
         }
 
-    def likelihood(self, mask_known: bool = True) -> Pruned:
-        if mask_known and self.masks is None:
+    def likelihood(self) -> Pruned:
+        if self.attacker_knows_mask and self.masks is None:
             raise ValueError(
-                "the prune mask is drawn on the first apply(); apply the defense first"
+                "the prune mask is drawn on the first share(); share an update first, or build "
+                "the defense with attacker_knows_mask=False for the mask-marginalising likelihood"
             )
         return Pruned(
             noise=self.noise,
             scale=self.scale,
             keep=self.keep,
-            masks=dict(self.masks) if mask_known else None,
+            masks=dict(self.masks) if self.attacker_knows_mask else None,
         )
 
     def describe(self) -> dict[str, Any]:

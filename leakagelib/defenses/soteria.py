@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from ..attacks import AttackConfig, Prior, reconstruct
 from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection, Likelihood
-from ..gradients import Update, client_update
-from .base import GradientDefense
+from ..gradients import Update
+from .base import GradientDefense, Objective, client_gradients, require
 
 __all__ = [
     "LayerDropResult",
@@ -67,18 +67,22 @@ def _representation(model: nn.Module, layer: str, images: Tensor) -> tuple[Tenso
     return x, captured["r"].reshape(x.shape[0], -1)
 
 
-def soteria_scores(model: nn.Module, images: Tensor, layer: str, *, chunk: int = 256) -> Tensor:
+def soteria_scores(
+    model: nn.Module, images: Tensor, layer: str, *, chunk: int = 256, per_image: bool = False
+) -> Tensor:
     """ρ_f for every input feature of ``layer`` (a vector of the layer's ``in_features``).
 
-    The Jacobian rows ``∂r_f/∂X`` are computed in batched backward passes
-    (``is_grads_batched``), ``chunk`` features at a time, instead of the
-    reference code's loop of one backward pass per feature.
+    ``per_image=True``: each image's own ρ (N × ``in_features``), the scores a
+    client holding only that image computes. The Jacobian rows ``∂r_f/∂X`` are
+    computed in batched backward passes (``is_grads_batched``), ``chunk``
+    features at a time, instead of the reference code's loop of one backward
+    pass per feature.
     """
     if images.dim() != 4:
         raise ValueError(f"images must be N×C×H×W, got shape {tuple(images.shape)}")
     x, r = _representation(model, layer, images)
     n, width = r.shape
-    scores = torch.empty(width, dtype=r.dtype, device=r.device)
+    scores = torch.empty(width, n, dtype=r.dtype, device=r.device)
     for lo in range(0, width, chunk):
         hi = min(lo + chunk, width)
         basis = torch.zeros(hi - lo, n, width, dtype=r.dtype, device=r.device)
@@ -87,66 +91,69 @@ def soteria_scores(model: nn.Module, images: Tensor, layer: str, *, chunk: int =
             r, x, grad_outputs=basis, is_grads_batched=True, retain_graph=True
         )
         norms = jac.reshape(hi - lo, n, -1).norm(dim=2)  # (features, batch)
-        scores[lo:hi] = (norms / (r[:, lo:hi].detach().T + 0.1)).sum(dim=1)
-    return scores
+        scores[lo:hi] = norms / (r[:, lo:hi].detach().T + 0.1)
+    return scores.T if per_image else scores.sum(dim=1)
 
 
 class Soteria(GradientDefense):
     """Soteria on the fully connected layer ``layer`` (its module name) at ``pruning_rate``.
 
-    The mask depends on the client's data, so the defense runs in two steps:
-    :meth:`fit` (or :meth:`defend`, which also computes the update) derives the
-    feature mask from the model and the images, and :meth:`apply` zeroes the
-    masked columns of ``layer``'s weight gradient in an update.
+    The mask depends on the client's data: :meth:`share` derives it from the
+    model and the batch, keeps it in :attr:`mask` (1 = gradient column kept;
+    one row per image with ``per_image=True``, since every client fits its
+    own) and zeroes the masked input columns of ``layer``'s weight gradient.
+    ``attack`` chooses the form of the layer-drop likelihood :meth:`likelihood`
+    hands out: ``"cosine"``, the Bayes paper's experimental setting (A.1:
+    cosine similarity, all other gradients weighted equally), or
+    ``"gaussian"``, the per-layer Gaussian of A.5, Eq. 6.
     """
 
-    def __init__(self, layer: str, pruning_rate: float = 0.8) -> None:
-        if not 0.0 <= pruning_rate < 1.0:
-            raise ValueError(f"pruning_rate must be in [0, 1), got {pruning_rate}")
+    def __init__(self, layer: str, pruning_rate: float = 0.8, *, attack: str = "cosine") -> None:
+        self.pruning_rate = require(
+            "pruning_rate", pruning_rate, lambda v: 0 <= v < 1,
+            "in [0, 1) (the share of the layer's input features pruned)",
+        )  # fmt: skip
+        if attack not in _KINDS:
+            raise ValueError(
+                f"attack must be one of {_KINDS} (the layer-drop likelihood's form), got {attack!r}"
+            )
         self.layer = layer
-        self.pruning_rate = float(pruning_rate)
+        self.attack = attack
         self.mask: Tensor | None = None
 
-    def fit(self, model: nn.Module, images: Tensor) -> Tensor:
-        """Compute and keep the 0/1 feature mask (1 = gradient column kept)."""
-        scores = soteria_scores(model, images, self.layer)
-        thresh = torch.quantile(scores.abs().double(), self.pruning_rate).to(scores.dtype)
-        self.mask = (scores.abs() >= thresh).to(scores.dtype)
-        return self.mask
-
-    def apply(self, update: Update, generator: torch.Generator | None = None) -> Update:
-        """Zero the masked input columns of the defended layer's weight gradient."""
-        if self.mask is None:
-            raise RuntimeError("call Soteria.fit(model, images) (or defend) before apply")
+    def share(
+        self,
+        model: nn.Module,
+        images: Tensor,
+        labels: Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        per_image: bool = False,
+        loss: str | Objective = "ce",
+    ) -> Update:
+        """Fit the feature mask on the batch (each image's own when ``per_image``), then prune."""
+        update = client_gradients(model, images, labels, per_image=per_image, loss=loss)
+        scores = soteria_scores(model, images, self.layer, per_image=per_image).abs()
+        rows = scores.reshape(-1, scores.shape[-1]).double()
+        thresh = torch.quantile(rows, self.pruning_rate, dim=1, keepdim=True).to(scores.dtype)
+        self.mask = (scores >= thresh.reshape(*scores.shape[:-1], 1)).to(scores.dtype)
         key = f"{self.layer}.weight"
         if key not in update:
             raise KeyError(f"the update has no gradient {key!r} for the defended layer")
-        if update[key].shape[-1] != self.mask.numel():
-            raise ValueError(
-                f"the mask has {self.mask.numel()} features, {key!r} has {update[key].shape[-1]} inputs"
-            )
+        mask = self.mask.unsqueeze(-2) if per_image else self.mask  # N×1×D against N×K×D
         out = dict(update)
-        out[key] = update[key] * self.mask.to(update[key].device, update[key].dtype)
+        out[key] = update[key] * mask.to(update[key].device, update[key].dtype)
         return out
 
-    def defend(
-        self, model: nn.Module, images: Tensor, labels: Tensor, *, loss: str = "ce"
-    ) -> Update:
-        """The shared update of a Soteria client: fit the mask, compute the update, prune it."""
-        self.fit(model, images)
-        return self.apply(client_update(model, images, labels, loss=loss))
-
-    def likelihood(self, kind: str = "cosine") -> Likelihood:
-        """The layer-drop attack: a likelihood over every layer except the defended one.
-
-        ``kind="cosine"`` is the Bayes paper's experimental setting (A.1: cosine
-        similarity, all other gradients weighted equally); ``"gaussian"`` is the
-        per-layer Gaussian of A.5, Eq. 6.
-        """
-        return _drop(self.layer, kind)
+    def likelihood(self) -> Likelihood:
+        """The layer-drop attack: a likelihood (of kind ``attack``) over every layer but ``layer``."""
+        return _drop(self.layer, self.attack)
 
     def describe(self) -> dict[str, Any]:
         return {"defense": "soteria", "layer": self.layer, "pruning_rate": self.pruning_rate}
+
+
+_KINDS = ("cosine", "gaussian")
 
 
 def _drop(layer: str, kind: str) -> Likelihood:
@@ -231,7 +238,7 @@ def layer_drop_attack(
     result = reconstruct(
         model, shared_update, labels=labels, likelihood=liks, prior=prior,
         config=config, settings=[config.setting()] * len(liks), input_shape=input_shape,
-        stacked=True, bounds=bounds, generator=generator, device=device,
+        bounds=bounds, generator=generator, device=device,
     )  # fmt: skip
     images = result.images.detach()  # L × N × n × ...
     objective = result.objective.detach()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from .. import data as _data
 from .. import fl, metrics
 from ..attacks import (
+    Attack,
     AttackConfig,
-    Cosine,
     Gaussian,
     GaussianPrior,
     Laplace,
@@ -39,14 +39,13 @@ from ..attacks import (
     PixelRange,
     Prior,
     TotalVariation,
-    reconstruct,
+    preset,
+    run_together,
 )
-from ..attacks.loop import run_attack
+from ..attacks.presets import bayes, l2
 from ..attacks.search import Grid, SearchResult, log_beta_grid, search
 from ..bayes_risk import SyntheticGaussian, defended, optimisation_adversary
-from ..defenses.base import GradientDefense
-from ..defenses.noise import GaussianNoise, LaplaceNoise, PruneNoise
-from ..gradients import per_sample_updates
+from ..defenses import GaussianNoise, GradientDefense, LaplaceNoise, PruneNoise
 from ..models import build
 from .registry import Context, experiment
 
@@ -69,16 +68,16 @@ __all__ = [
     "table5_rows",
 ]
 
-#: Table 2's defenses: name → constructor (σ = b = 0.1, keep probability 0.5).
+#: Table 2's defenses: name → constructor of the mask seed (σ = b = 0.1, keep probability 0.5).
 DEFENSES = {
-    "gaussian": lambda: GaussianNoise(0.1),
-    "laplacian": lambda: LaplaceNoise(0.1),
-    "prune+gauss": lambda: PruneNoise("gaussian", 0.1, keep=0.5),
-    "prune+lap": lambda: PruneNoise("laplace", 0.1, keep=0.5),
+    "gaussian": lambda seed: GaussianNoise(0.1),
+    "laplacian": lambda seed: LaplaceNoise(0.1),
+    "prune+gauss": lambda seed: PruneNoise("gaussian", 0.1, keep=0.5, mask_seed=seed),
+    "prune+lap": lambda seed: PruneNoise("laplace", 0.1, keep=0.5, mask_seed=seed),
 }
 
 #: The paper's Table 2 (PSNR, dB), for the chapter to print beside ours:
-#: dataset → defense → step → (Bayes, ℓ2, ℓ1, cos).
+#: dataset → defense → step → (Bayes, ℓ2, ℓ1, cosine), in the order of :data:`ATTACKS`.
 PAPER_TABLE2 = {
     "mnist": {
         "gaussian": {0: (19.63, 19.95, 19.39, 19.70), 500: (16.06, 16.18, 15.86, 15.39)},
@@ -110,13 +109,13 @@ TRAIN_BATCH = 1
 
 
 def make_defense(name: str, seed: int = 0) -> GradientDefense:
-    """A fresh Table 2 defense by name (``gaussian``, ``laplacian``, ``prune+gauss``, ``prune+lap``)."""
+    """A fresh Table 2 defense by name (``gaussian``, ``laplacian``, ``prune+gauss``, ``prune+lap``).
+
+    ``seed`` draws the pruning defenses' masks.
+    """
     if name not in DEFENSES:
         raise KeyError(f"unknown defense {name!r}; use one of {', '.join(DEFENSES)}")
-    defense = DEFENSES[name]()
-    if isinstance(defense, PruneNoise):
-        defense.mask_seed = seed
-    return defense
+    return DEFENSES[name](seed)
 
 
 @dataclass
@@ -127,7 +126,6 @@ class Problem:
     images: Tensor  # N × C × H × W in [0, 1]
     labels: Tensor
     normalizer: _data.Normalizer
-    updates: dict[str, Tensor]  # per-image client updates, stacked
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -192,35 +190,44 @@ def problem(ctx: Context, logical: str, step: int, n_images: int, *, train_image
             seed=ctx.seed,
         ).model
     model = model.to(ctx.device).eval()
-    x = norm.normalize(images).to(ctx.device)
-    updates = per_sample_updates(model, x, labels.to(ctx.device))
-    return Problem(model, images, labels, norm, {k: v.cpu() for k, v in updates.items()})
+    return Problem(model, images, labels, norm)
 
 
 def shared_updates(
     prob: Problem, defense: GradientDefense, gen: torch.Generator
 ) -> dict[str, Tensor]:
-    """The defended per-image updates of ``prob`` (what the server sees)."""
-    if isinstance(defense, PruneNoise):
-        return defense.apply(prob.updates, gen, stacked=True)
-    return defense.apply(prob.updates, gen)
+    """What the server sees from ``prob``'s images, each its own client: stacked, on the CPU."""
+    device = next(prob.model.parameters()).device
+    x = prob.normalizer.normalize(prob.images).to(device)
+    shared = defense.share(prob.model, x, prob.labels.to(device), gen, per_image=True)
+    return {k: v.cpu() for k, v in shared.items()}
 
 
-def _attacks(defense: GradientDefense, names: Sequence[str]) -> dict:
-    table = {"bayes": defense.likelihood, "l2": Gaussian, "l1": Laplace, "cos": Cosine}
-    unknown = [a for a in names if a not in table]
+#: Table 2's attacks by preset id (:data:`leakagelib.attacks.PRESETS`), as its rows name them:
+#: the Bayes attack with the defense's likelihood and the heuristic ℓ2, ℓ1 and cosine distances.
+ATTACKS = ("bayes", "l2", "l1", "cosine")
+
+
+def table2_attacks(
+    defense: GradientDefense, names: Sequence[str], *, steps: int, prior: Prior
+) -> dict[str, Attack]:
+    """The presets ``names`` (ids of :data:`ATTACKS`) against ``defense``, ``steps`` steps each.
+
+    All share one ``prior`` object, so that the batched program evaluates it
+    once for every attack; ``bayes`` gets ``defense.likelihood()``.
+    """
+    unknown = [a for a in names if a not in ATTACKS]
     if unknown:
-        raise KeyError(f"unknown attacks {unknown}; use {list(table)}")
-    return {a: table[a]() for a in names}
+        raise KeyError(f"unknown attacks {unknown}; use {list(ATTACKS)}")
+    matched = {"bayes": {"likelihood": defense.likelihood()}} if "bayes" in names else {}
+    return {a: preset(a, steps=steps, prior=prior, **matched.get(a, {})) for a in names}
 
 
 def tune(
     ctx: Context,
     prob: Problem,
     shared: dict[str, Tensor],
-    attacks: dict,
-    priors: Prior | dict[str, Prior],
-    config: AttackConfig,
+    attacks: dict[str, Attack],
     *,
     n_tune: int,
     betas: Sequence[float],
@@ -243,8 +250,6 @@ def tune(
         truth=truth[:n_tune],
         denormalize=prob.normalizer.denormalize,
         attacks=attacks,
-        prior=priors,
-        config=config,
         input_shape=prob.input_shape,
         betas=betas,
         refine=refine,
@@ -259,9 +264,7 @@ def attack_tuned(
     ctx: Context,
     prob: Problem,
     shared: dict[str, Tensor],
-    attacks: dict,
-    priors: Prior | dict[str, Prior],
-    config: AttackConfig,
+    attacks: dict[str, Attack],
     found: SearchResult,
     *,
     offset: int,
@@ -271,23 +274,14 @@ def attack_tuned(
     Returns attack name → per-image PSNR (de-normalised, data range 1, no clipping).
     """
     names = list(attacks)
-    result = run_attack(
-        prob.model,
-        shared,
-        labels=prob.labels.unsqueeze(1),
-        num_images=1,
-        input_shape=prob.input_shape,
-        likelihood=[attacks[a] for a in names],
-        prior=[priors[a] if isinstance(priors, dict) else priors for a in names],
-        config=config,
-        settings=[found.best[a] for a in names],
-        generator=ctx.generator(offset + 1),
-        device=ctx.device,
-    )
-    rec = result.images[:, :, 0].cpu()
+    result = run_together(
+        prob.model, shared, [attacks[a] for a in names], labels=prob.labels.unsqueeze(1),
+        settings=[found.best[a] for a in names], names=names, input_shape=prob.input_shape,
+        generator=ctx.generator(offset + 1), device=ctx.device,
+    )  # fmt: skip
     return {
-        a: metrics.psnr(prob.normalizer.denormalize(rec[h]), prob.images)
-        for h, a in enumerate(names)
+        a: metrics.psnr(prob.normalizer.denormalize(result.inputs(a).cpu()), prob.images)
+        for a in names
     }
 
 
@@ -320,11 +314,10 @@ def table2_rows(
     datasets: Sequence[str] = ("mnist", "cifar10"),
     steps: Sequence[int] = (0, 500),
     defenses: Sequence[str] = tuple(DEFENSES),
-    attacks: Sequence[str] = ("bayes", "l2", "l1", "cos"),
+    attacks: Sequence[str] = ATTACKS,
 ) -> list[dict]:
     """Table 2's rows for the given datasets, training steps, defenses and attacks."""
     size = _scale(ctx)
-    config = AttackConfig(steps=size["steps"], lr=0.5, schedule="exponential", decay=0.94)
     rows = []
     combos = [(d, s) for d in datasets for s in steps]
     for i, (dataset, step) in enumerate(ctx.track(combos, "table2")):
@@ -332,25 +325,20 @@ def table2_rows(
         for j, name in enumerate(defenses):
             defense = make_defense(name, seed=ctx.seed)
             shared = shared_updates(prob, defense, ctx.generator(100 * i + j))
-            chosen, prior, offset = (
-                _attacks(defense, attacks),
-                TotalVariation(power=2),
-                1000 * i + 10 * j,
-            )
+            prior, offset = TotalVariation(power=2), 1000 * i + 10 * j
+            chosen = table2_attacks(defense, attacks, steps=size["steps"], prior=prior)
             found = tune(
                 ctx,
                 prob,
                 shared,
                 chosen,
-                prior,
-                config,
                 n_tune=size["n_tune"],
                 betas=size["betas"],
                 refine=size["refine"],
                 grid=size["grid"],
                 offset=offset,
             )
-            psnr = attack_tuned(ctx, prob, shared, chosen, prior, config, found, offset=offset)
+            psnr = attack_tuned(ctx, prob, shared, chosen, found, offset=offset)
             for a, values in psnr.items():
                 rows.append(
                     {
@@ -370,7 +358,7 @@ def table2(ctx: Context) -> dict:
     """Bayes paper Table 2: PSNR of the Bayes, ℓ2, ℓ1 and cosine attacks under four noise defenses.
 
     Rows: ``dataset`` (mnist, cifar10), ``defense`` (gaussian, laplacian,
-    prune+gauss, prune+lap), ``attack`` (bayes, l2, l1, cos), ``step``
+    prune+gauss, prune+lap), ``attack`` (bayes, l2, l1, cosine), ``step``
     (training step 0 or 500), ``psnr`` (mean over images, dB), and
     ``psnr_per_image``. Every attack is tuned by the A.3 search: at ci scale a
     β grid (10⁻⁵…10⁰) on one image (as A.3), then 6 images attacked for 50 steps; at
@@ -404,7 +392,6 @@ def table5_rows(
     )
     if not phis or not all(0.0 <= phi < 1.0 for phi in phis):
         raise ValueError(f"phis must be a non-empty list of values in [0, 1), got {phis}")
-    config = AttackConfig(steps=size["steps"], lr=0.5, schedule="exponential", decay=0.94)
     prob = problem(ctx, dataset, step, size["n_images"], train_images=size["train_images"])
     norm = prob.normalizer
     tv = TotalVariation(power=2)
@@ -415,15 +402,14 @@ def table5_rows(
     for j, name in enumerate(ctx.track(defenses, "table5")):
         defense = make_defense(name, seed=ctx.seed)
         shared = shared_updates(prob, defense, ctx.generator(500 + j))
-        l2 = Gaussian()
-        attacks = {p: l2 for p in priors}
+        # one ℓ2 likelihood object for every prior: the batched program evaluates it once
+        base = l2(steps=size["steps"])
+        attacks = {p: replace(base, prior=prior) for p, prior in priors.items()}
         found = tune(
             ctx,
             prob,
             shared,
             attacks,
-            priors,
-            config,
             n_tune=size["n_tune"],
             betas=size["betas"],
             refine=size["refine"],
@@ -431,10 +417,8 @@ def table5_rows(
             offset=5000 + 10 * j,
         )
         with_range = max((p for p in priors if p != "tv"), key=lambda p: found.best_psnr[p])
-        chosen = {"tv": priors["tv"], with_range: priors[with_range]}
-        psnr = attack_tuned(
-            ctx, prob, shared, {p: l2 for p in chosen}, chosen, config, found, offset=5000 + 10 * j
-        )
+        chosen = {"tv": attacks["tv"], with_range: attacks[with_range]}
+        psnr = attack_tuned(ctx, prob, shared, chosen, found, offset=5000 + 10 * j)
         rows.append(
             {
                 "dataset": dataset,
@@ -489,28 +473,16 @@ def fig7_mc_samples(ctx: Context) -> dict:
     beta = ctx.pick(ci=0.1, paper=0.1)
     rows, curves = [], {}
     for k in ctx.track((1, 2, 4, 8, 16), "fig7"):
-        config = AttackConfig(
-            steps=size["steps"], lr=0.5, decay=0.94, beta=beta, mc_samples=k, delta=delta
-        )
+        attack = bayes(defense.likelihood(), beta=beta, steps=size["steps"], mc_samples=k,
+                       delta=delta)  # fmt: skip
         per_step: list[float] = []
 
         def record(step: int, x: Tensor, out: list[float] = per_step) -> None:
             rec = prob.normalizer.denormalize(x[0, :, 0, 0].cpu())
             out.append(float(metrics.psnr(rec, prob.images).mean()))
 
-        reconstruct(
-            prob.model,
-            shared,
-            labels=labels,
-            likelihood=defense.likelihood(),
-            prior=TotalVariation(power=2),
-            config=config,
-            input_shape=prob.input_shape,
-            stacked=True,
-            generator=ctx.generator(70),
-            device=ctx.device,
-            callback=record,
-        )
+        attack(prob.model, shared, labels=labels, input_shape=prob.input_shape,
+               generator=ctx.generator(70), device=ctx.device, callback=record)  # fmt: skip
         rows.append(
             {
                 "k": k,

@@ -31,6 +31,7 @@ every image's attack and every shared update run as one vectorised program.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,26 +39,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import analysis, data, metrics, models
-from ..attacks import (
-    AttackConfig,
-    Cosine,
-    Gaussian,
-    LayerSelection,
-    TotalVariation,
-    Uniform,
-    image_bounds,
-    reconstruct,
-)
-from ..bottlenecks import apply_bottleneck_option, attacked_parameters, bottlenecks
-from ..defenses.base import GradientDefense
-from ..defenses.compression import GradientCompression
-from ..defenses.dpsgd import DPSGD, epsilon_spent
+from ..attacks import Attack, image_bounds
+from ..attacks.attack import Include
+from ..attacks.presets import cpl, idlg, inverting_gradients
+from ..defenses import DPSGD, GradientCompression, GradientDefense, NoDefense, epsilon_spent
+from ..defenses.bottlenecks import bottlenecks
+from ..defenses.surgery import apply_bottleneck_option, attacked_parameters
 from ..fl import federated_averaging
-from ..gradients import Update, per_sample_updates
+from ..gradients import Update
 from .registry import Context, experiment
 
 SHAPE = (3, 32, 32)
-ATTACKS = ("idlg", "cpl", "ig")
+#: Table III's attacks by preset id (:data:`leakagelib.attacks.PRESETS`), as its rows name them.
+ATTACKS = ("idlg", "cpl", "inverting-gradients")
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -87,49 +81,29 @@ def _to_rgb32(images: Tensor, norm: data.Normalizer) -> tuple[Tensor, data.Norma
     return images, norm
 
 
-def shared_updates(
-    model: nn.Module, x: Tensor, y: Tensor, defense: GradientDefense | None, gen: torch.Generator
-) -> Update:
-    """One update per image (a victim batch of 1), stacked; defended when ``defense`` is given.
+def attack_preset(ctx: Context, attack: str, *, tv: float, include: Include) -> Attack:
+    """iDLG, CPL or Inverting Gradients as the CVB authors configure them (steps scaled at ci).
 
-    The undefended updates come from one vectorised call
-    (:func:`leakagelib.gradients.per_sample_updates`; a bottleneck draws
-    independent noise for every image). A defense then perturbs each image's
-    update on its own, as each client would; DP-SGD clips and noises inside
-    its own per-sample step.
+    ``attack`` is a preset id of :data:`ATTACKS`; ``include`` restricts the
+    likelihood to those parameters (the ignore attack; ``None``: all). Labels
+    are known (the paper's protocol). Inverting Gradients: TV weight ``tv``,
+    signed Adam with the authors' learning rate 1 (``configs/attacks/IG.yaml``)
+    at both scales — with the ci budget of 100 steps it is also the stronger
+    choice (undefended SSIM 0.38 / 0.47 on the MNIST / CIFAR-10 stand-ins
+    against 0.24 / 0.24 with lr 0.1), so the ci run does not understate the
+    attack that CVB is measured against. iDLG (box-constrained) and CPL: the ℓ2
+    distance as a Gaussian likelihood with σ = 1, L-BFGS with lr 0.01 (0.1 at
+    ci); ``tv`` is not used.
     """
-    n = x.shape[0]
-    if isinstance(defense, DPSGD):
-        rows = [
-            defense.privatize(model, x[i : i + 1], y[i : i + 1], generator=gen) for i in range(n)
-        ]
-    else:
-        per = per_sample_updates(model, x, y)
-        if defense is None:
-            return per
-        rows = [defense.apply({k: v[i] for k, v in per.items()}, gen) for i in range(n)]
-    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
-
-
-def attack_config(ctx: Context, attack: str) -> AttackConfig:
-    """The loop settings of iDLG, CPL and IG in the CVB authors' configs (steps scaled at ci).
-
-    IG keeps the authors' learning rate 1 (``configs/attacks/IG.yaml``) at
-    both scales: with the ci budget of 100 signed-Adam steps it is also the
-    stronger choice (undefended SSIM 0.38 / 0.47 on the MNIST / CIFAR-10
-    stand-ins against 0.24 / 0.24 with lr 0.1), so the ci run does not
-    understate the attack that CVB is measured against.
-    """
-    if attack == "ig":
-        return AttackConfig(
-            steps=ctx.pick(ci=100, paper=20_000), optimizer="adam", lr=1.0,
-            schedule="step", decay=0.1, signed=True, box=True, init="normal",
-        )  # fmt: skip
-    if attack in ("idlg", "cpl"):
-        return AttackConfig(
-            steps=ctx.pick(ci=2, paper=2_000), optimizer="lbfgs", lr=ctx.pick(ci=0.1, paper=0.01),
-            schedule="constant", box=attack == "idlg", init="pattern" if attack == "cpl" else "normal",
-        )  # fmt: skip
+    if attack == "inverting-gradients":
+        steps = ctx.pick(ci=100, paper=20_000)
+        return inverting_gradients(steps=steps, lr=1.0, tv=tv, include=include)
+    lbfgs = {"steps": ctx.pick(ci=2, paper=2_000), "lr": ctx.pick(ci=0.1, paper=0.01),
+             "sigma": 1.0, "labels": "given", "include": include}  # fmt: skip
+    if attack == "idlg":
+        return idlg(box=True, **lbfgs)
+    if attack == "cpl":
+        return cpl(**lbfgs)
     raise ValueError(f"unknown attack {attack!r}; use one of {ATTACKS}")
 
 
@@ -140,7 +114,7 @@ def attack_ssim(
     labels: Tensor,
     norm: data.Normalizer,
     *,
-    attack: str = "ig",
+    attack: str = "inverting-gradients",
     include: Sequence[str] | None = None,
     defense: GradientDefense | None = None,
     tv: float = 0.01,
@@ -153,15 +127,18 @@ def attack_ssim(
 
     ``include`` restricts the likelihood to those parameter names (the
     ignore attack); by default a model with a bottleneck is attacked with
-    :func:`leakagelib.bottlenecks.attacked_parameters`. ``steps`` and ``lr``
-    override :func:`attack_config`'s values for this scale (the chapter's
+    :func:`leakagelib.defenses.surgery.attacked_parameters`. Every image is
+    its own client and shares its update through ``defense`` (default
+    :class:`~leakagelib.defenses.NoDefense`). ``steps`` and ``lr``
+    override :func:`attack_preset`'s values for this scale (the chapter's
     widgets run short attacks); ``callback(step, iterates)`` sees every
     iterate, as in :func:`leakagelib.attacks.reconstruct`. Every experiment
     of this module attacks through it, and so does the chapter "Variational
     bottlenecks".
     """
+    shared = NoDefense() if defense is None else defense
     ssim, recon, _ = _attack(ctx, model, images, labels, norm, attack=attack, include=include,
-                             defense=defense, tv=tv, offset=offset, steps=steps, lr=lr,
+                             defense=shared, tv=tv, offset=offset, steps=steps, lr=lr,
                              callback=callback)  # fmt: skip
     return ssim, recon
 
@@ -175,7 +152,7 @@ def _attack(
     *,
     attack: str,
     include: Sequence[str] | None,
-    defense: GradientDefense | None,
+    defense: GradientDefense,
     tv: float,
     offset: int,
     steps: int | None,
@@ -188,25 +165,20 @@ def _attack(
     torch.manual_seed(ctx.seed + offset)
     x = norm.normalize(images).to(ctx.device)
     y = labels.to(ctx.device)
-    observed = shared_updates(model, x, y, defense, gen)
+    observed = defense.share(model, x, y, gen, per_image=True)  # one client per image
     if include is None and bottlenecks(model):
         include = attacked_parameters(model)
-    layers = LayerSelection(include=list(include) if include is not None else None)
-    if attack == "ig":
-        likelihood, prior, beta = Cosine(layers=layers), TotalVariation(), tv
-    else:
-        likelihood, prior, beta = Gaussian(layers=layers), Uniform(), 0.0
-    config = attack_config(ctx, attack).with_(beta=beta)
+    chosen = attack_preset(ctx, attack, tv=tv, include=include)
     if steps is not None:
-        config = config.with_(steps=steps)
+        chosen = chosen.with_config(steps=steps)
     if lr is not None:
-        config = config.with_(lr=lr)
-    result = reconstruct(
-        model, observed, labels=y, likelihood=likelihood, prior=prior, config=config,
-        input_shape=tuple(images.shape[1:]), stacked=True, bounds=image_bounds(norm.mean, norm.std),
-        generator=gen, device=ctx.device, callback=callback,
+        chosen = chosen.with_config(lr=lr)
+    result = chosen(
+        model, observed, labels=y, input_shape=tuple(images.shape[1:]),
+        bounds=image_bounds(norm.mean, norm.std), generator=gen, device=ctx.device,
+        callback=callback,
     )  # fmt: skip
-    recon = norm.denormalize(result.images[0, :, 0].detach().cpu())
+    recon = norm.denormalize(result.inputs().detach().cpu())
     return metrics.ssim_minmax(recon, images.cpu()), recon, observed
 
 
@@ -229,7 +201,7 @@ def gradient_trace(
     that image's shared update: ``{layer: tensor of steps similarities}``.
     Every dummy gradient is recomputed with fresh bottleneck noise, as the
     attack saw it. ``include`` defaults to *all* parameters (the plain attack
-    of Fig. 6(a, b)); pass :func:`leakagelib.bottlenecks.attacked_parameters`
+    of Fig. 6(a, b)); pass :func:`leakagelib.defenses.surgery.attacked_parameters`
     for the ignore attack of Fig. 6(c). TV weight 0.01 and 40 steps keep the
     chapter "Variational bottlenecks" fast; the figure's shape shows early.
     The similarities are computed on the CPU, so ``model`` is left there (moved
@@ -242,8 +214,9 @@ def gradient_trace(
     def keep(_step: int, x: Tensor) -> None:
         iterates.append(x[0, 0, 0, :1].cpu())  # setting 0, first update, restart 0: image 0
 
-    _, _, observed = _attack(ctx, model, images, labels, norm, attack="ig", include=include,
-                             defense=None, tv=tv, offset=0, steps=steps, lr=None, callback=keep)  # fmt: skip
+    _, _, observed = _attack(ctx, model, images, labels, norm, attack="inverting-gradients",
+                             include=include, defense=NoDefense(), tv=tv, offset=0, steps=steps,
+                             lr=None, callback=keep)  # fmt: skip
     target = {k: v[0].cpu() for k, v in observed.items()}
     return analysis.similarity_trace(model.cpu(), target, torch.cat(iterates), labels[:1].cpu())
 
@@ -267,7 +240,7 @@ def side_by_side(
     record) and ``"c ci"`` (``label``: this run's scale); missing values read "-".
     Keys appear in this run's order, then the paper's remaining ones. The
     chapter "Variational bottlenecks" prints these with
-    :func:`leakagelib.cli.format_table`.
+    :func:`leakagelib.reporting.format_table`.
     """
 
     def index(items: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], Mapping[str, Any]]:
@@ -476,24 +449,26 @@ def table4_defenses(ctx: Context) -> list[dict]:
         images, labels, norm = victims(ctx, dataset, n)
         _, train_labels, _ = ctx.dataset(dataset, split="train")
         train_n = len(train_labels)
-        configs: list[tuple[str, Any, Any, GradientDefense | None]] = [("none", None, None, None)]
-        configs += [("dp", s, None, DPSGD(s, 1.0)) for s in noise]
-        configs += [("gc", p, None, GradientCompression(p)) for p in rates]
-        configs += [("precode", k, {"kind": "precode", "position": 1, "K": k}, None) for k in sizes]
-        configs += [("cvb", "k=5,s=0.5,beta=0.1", CVB_DEFAULT, None)]
-        for i, (name, parameter, spec, defense) in enumerate(ctx.track(configs, dataset)):
+        # (name, parameter, bottleneck spec, the gradient defense's constructor)
+        configs: list[tuple[str, Any, Any, Callable[[], GradientDefense]]] = [
+            ("none", None, None, NoDefense)
+        ]
+        configs += [("dp", s, None, partial(DPSGD, s, 1.0)) for s in noise]
+        configs += [("gc", p, None, partial(GradientCompression, p)) for p in rates]
+        configs += [
+            ("precode", k, {"kind": "precode", "position": 1, "K": k}, NoDefense) for k in sizes
+        ]
+        configs += [("cvb", "k=5,s=0.5,beta=0.1", CVB_DEFAULT, NoDefense)]
+        for i, (name, parameter, spec, make) in enumerate(ctx.track(configs, dataset)):
             model = cnn(ctx, spec)
             tv = 0.1 if spec else 0.01
             ssim, recon = attack_ssim(
-                ctx, model, images, labels, norm, defense=defense, tv=tv, offset=i
+                ctx, model, images, labels, norm, defense=make(), tv=tv, offset=i
             )
             psnr = float(metrics.psnr_minmax(recon, images).mean())
-            epsilon = None
-            if isinstance(defense, DPSGD):
-                defense.steps = 0
-            acc = utility(ctx, cnn(ctx, spec), dataset, defense=defense)
-            if isinstance(defense, DPSGD):
-                epsilon = client_epsilon(ctx, defense, train_n)
+            trained = make()  # a fresh privacy ledger for the training run
+            acc = utility(ctx, cnn(ctx, spec), dataset, defense=trained)
+            epsilon = client_epsilon(ctx, trained, train_n) if name == "dp" else None
             rows.append(_row(ssim, dataset=dataset, defense=name, parameter=parameter, accuracy=acc, epsilon=epsilon,
                              psnr=psnr, added=n_added(model)))  # fmt: skip
     return rows

@@ -36,16 +36,16 @@ from ..attacks import (
     Gaussian,
     Likelihood,
     TotalVariation,
+    bias_attack,
     image_bounds,
     reconstruct,
 )
-from ..attacks.closed_form import recover_inputs_from_update
-from ..bottlenecks import apply_bottleneck_option
+from ..attacks.presets import inverting_gradients
 from ..data import Normalizer
-from ..defenses.ats import ATSAugmentation
-from ..defenses.soteria import Soteria, layer_drop_attack
+from ..defenses import ATSAugmentation, Soteria, layer_drop_attack
+from ..defenses.surgery import apply_bottleneck_option
 from ..fl import train
-from ..gradients import client_update, per_sample_updates
+from ..gradients import client_update, per_sample_updates, stack_updates
 from .registry import Context, experiment
 
 
@@ -73,7 +73,7 @@ def precode_mlp(ctx: Context) -> dict:
     x = norm.normalize(images).to(ctx.device, torch.float64)
     # one client per image: per-sample updates, each with its own bottleneck noise, in one vmap
     updates = per_sample_updates(model, x, labels.to(ctx.device))
-    recovered = norm.denormalize(recover_inputs_from_update(model, updates, shape, batched=True))
+    recovered = norm.denormalize(bias_attack(model, updates, labels, input_shape=shape).inputs())
     psnr = metrics.psnr(recovered.cpu(), images.double())
     rows = [{"image": i, "label": int(labels[i]), "psnr": float(psnr[i])} for i in range(n)]
     shown = slice(0, min(n, 8))
@@ -88,27 +88,26 @@ def _ig(
     y: Tensor,
     norm: Normalizer,
     *,
-    likelihood: Likelihood,
     tv: float,
     steps: int,
     offset: int,
 ) -> tuple[Tensor, Tensor]:
-    """Inverting Gradients (TV, Adam lr 0.1, step decay) on each image's update.
+    """Inverting Gradients on each image's update, as the Bayes paper ran it on ATS (§6, A.2).
 
-    Returns the PSNR per image and the reconstructions in [0, 1].
+    The preset with Adam's plain (unsigned) gradient: cosine likelihood, TV
+    weight ``tv``, lr 0.1 with step decay, box-constrained. Returns the PSNR
+    per image and the reconstructions in [0, 1].
     """
-    gen = ctx.generator(offset)
-    updates = [client_update(model, x[i : i + 1], y[i : i + 1]) for i in range(x.shape[0])]
-    stacked = {k: torch.stack([u[k] for u in updates]) for k in updates[0]}
-    config = AttackConfig(
-        steps=steps, optimizer="adam", lr=0.1, schedule="step", decay=0.1, beta=tv, box=True
+    updates = stack_updates(
+        [client_update(model, x[i : i + 1], y[i : i + 1]) for i in range(x.shape[0])]
     )
-    result = reconstruct(
-        model, stacked, labels=y, likelihood=likelihood, prior=TotalVariation(), config=config,
-        input_shape=tuple(x.shape[1:]), stacked=True, bounds=image_bounds(norm.mean, norm.std),
-        generator=gen, device=ctx.device,
+    attack = inverting_gradients(steps=steps, tv=tv, signed=False)
+    result = attack(
+        model, updates, labels=y, input_shape=tuple(x.shape[1:]),
+        bounds=image_bounds(norm.mean, norm.std), generator=ctx.generator(offset),
+        device=ctx.device,
     )  # fmt: skip
-    recon = norm.denormalize(result.images[0, :, 0].detach().cpu()).clamp(0, 1)
+    recon = norm.denormalize(result.inputs().detach().cpu()).clamp(0, 1)
     return metrics.psnr(recon, norm.denormalize(x.cpu())), recon
 
 
@@ -223,7 +222,7 @@ def fig2_training(ctx: Context) -> dict:
         for step in ctx.track(steps, f"ATS {policy}"):
             net.load_state_dict(trained.snapshots[step])
             net.eval()  # batch norm with running statistics: each image's update on its own
-            psnr, recon = _ig(ctx, net, victims, y, norm, likelihood=Cosine(), tv=1e-5,
+            psnr, recon = _ig(ctx, net, victims, y, norm, tv=1e-5,
                               steps=ctx.pick(ci=50, paper=2000), offset=p_i)  # fmt: skip
             add(f"ats {policy}", step, psnr)
             if step == FIG3_STEP:
@@ -237,16 +236,16 @@ def fig2_training(ctx: Context) -> dict:
     trained = train(
         net, train_x, train_y, steps=max(steps), batch_size=32, snapshot_steps=steps, seed=ctx.seed
     )
-    soteria = Soteria("fc1.linear", pruning_rate=0.8)
     kind, config = soteria_attack_setup(ctx)
+    soteria = Soteria("fc1.linear", pruning_rate=0.8, attack=kind)
     for step in ctx.track(steps, "Soteria"):
         net.load_state_dict(trained.snapshots[step])
-        updates = [soteria.defend(net, x[i : i + 1], y[i : i + 1]) for i in range(n)]
+        shared = soteria.share(net, x, y, per_image=True)  # every image a client with its own mask
         likelihoods = {
-            "soteria": soteria.likelihood(kind),
+            "soteria": soteria.likelihood(),
             "soteria (direct attack)": _direct(kind),
         }
-        attacks = soteria_attacks(ctx, net, updates, x, y, norm, likelihoods, config)
+        attacks = soteria_attacks(ctx, net, shared, x, y, norm, likelihoods, config)
         for name, (psnr, _) in attacks.items():
             add(name, step, psnr)
         if step == FIG3_STEP:
@@ -262,14 +261,10 @@ def _in_normalized_space(augment: ATSAugmentation, norm, batch: torch.Tensor, g)
     return norm.normalize(augment(norm.denormalize(batch), g))
 
 
-def _stack(updates: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    return {k: torch.stack([u[k] for u in updates]) for k in updates[0]}
-
-
 def soteria_attacks(
     ctx: Context,
     model: nn.Module,
-    updates: list[dict[str, Tensor]],
+    shared: dict[str, Tensor],
     x: Tensor,
     y: Tensor,
     norm: Normalizer,
@@ -278,23 +273,25 @@ def soteria_attacks(
 ) -> dict[str, tuple[Tensor, Tensor]]:
     """Attacks (TV prior, ``config``) on each single-image update, one per likelihood.
 
-    Returns name → ``(PSNR per image, reconstructions in [0, 1])``. ``x`` are
-    the normalised client images (only for the PSNR). All likelihoods run as
+    ``shared`` holds the clients' updates stacked (leading dimension N, one
+    image each, as ``Soteria.share(..., per_image=True)`` returns). Returns
+    name → ``(PSNR per image, reconstructions in [0, 1])``. ``x`` are the
+    normalised client images (only for the PSNR). All likelihoods run as
     settings of one batched program from the same seeded initialisation, so
     they are compared on equal terms. Used by Fig. 2 and the chapter
     "Breaking heuristic defenses".
     """
     names = list(likelihoods)
     result = reconstruct(
-        model, _stack(updates), labels=y, likelihood=[likelihoods[k] for k in names],
+        model, shared, labels=y, likelihood=[likelihoods[k] for k in names],
         prior=TotalVariation(), config=config, settings=[config.setting()] * len(names),
-        input_shape=tuple(x.shape[1:]), stacked=True, bounds=image_bounds(norm.mean, norm.std),
+        input_shape=tuple(x.shape[1:]), bounds=image_bounds(norm.mean, norm.std),
         generator=ctx.generator(7), device=ctx.device,
     )  # fmt: skip
     clean = norm.denormalize(x.cpu())
     out = {}
     for h, name in enumerate(names):
-        recon = norm.denormalize(result.images[h, :, 0].detach().cpu()).clamp(0, 1)
+        recon = norm.denormalize(result.inputs(h).detach().cpu()).clamp(0, 1)
         out[name] = (metrics.psnr(recon, clean), recon)
     return out
 
@@ -342,13 +339,13 @@ def fig5_soteria_layers(ctx: Context) -> dict:
 
     bounds = image_bounds(norm.mean, norm.std)
     for defended in ctx.track(("fc1", "fc2"), "Soteria layer"):
-        soteria = Soteria(f"{defended}.linear", pruning_rate=0.8)
-        updates = [soteria.defend(net, x[i : i + 1], y[i : i + 1]) for i in range(n)]
+        soteria = Soteria(f"{defended}.linear", pruning_rate=0.8, attack=kind)
+        shared = soteria.share(net, x, y, per_image=True)  # every image a client with its own mask
         # fc1: the direct attack (Fig. 5b) and the layer-drop attack for every linear layer run
         # as one batched program; fc2 (Fig. 5d): the layer-drop attack that knows the layer
         unknown = defended == "fc1"
         result = layer_drop_attack(
-            net, _stack(updates), labels=y, input_shape=shape, prior=TotalVariation(),
+            net, shared, labels=y, input_shape=shape, prior=TotalVariation(),
             config=config, layers=None if unknown else [soteria.layer], kind=kind,
             extra={"direct": _direct(kind)} if unknown else None, bounds=bounds,
             generator=ctx.generator(7), device=ctx.device,

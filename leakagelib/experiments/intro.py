@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import metrics, models
-from ..attacks.closed_form import recover_inputs_from_update
+from ..attacks import closed_form
 from ..gradients import per_sample_updates
 from .registry import Context, experiment
 
@@ -26,7 +26,8 @@ def bias_attack(ctx: Context) -> list[dict]:
     model = models.build("mlp", in_shape, 10).to(device=ctx.device, dtype=torch.float64)
     x = norm.normalize(images.to(ctx.device, torch.float64))
     updates = per_sample_updates(model, x, labels.to(ctx.device))
-    recovered = norm.denormalize(recover_inputs_from_update(model, updates, in_shape, batched=True))
+    result = closed_form.bias_attack(model, updates, labels, input_shape=in_shape)
+    recovered = norm.denormalize(result.inputs())
     target = images.to(ctx.device, torch.float64)
     psnr = metrics.psnr(recovered, target)
     mse = metrics.mse(recovered, target)

@@ -7,6 +7,11 @@ An experiment is a plain function ``fn(ctx: Context) -> rows`` registered with
 copied into the record; a ``"data"`` entry (logical name → description)
 refines the record's account of which data stood for which dataset. Chapters call :func:`run` with the same ids, so the
 book shows exactly what the command line computes.
+
+For a dataset replaced with ``--data`` the record says which of its images
+played which role (:func:`data_entry`): attacked images come from the
+``"test"`` split and training images from ``"train"``, which for an ``.npz``
+file are two disjoint parts of it (:func:`leakagelib.data.split_indices`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,18 @@ from typing import Any, TypeVar
 import torch
 
 from .. import data as _data
-from ..records import provenance
+from ..records import jsonable, provenance
 from .config import EMPTY, ScaleConfig, Settings
+from .resume import PartialRecord, unit_seed
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 SCALES = ("ci", "paper")
+
+#: Most image indices a record lists for one split of an overridden dataset; beyond that it
+#: gives their count and the selections that drew them (exact, see :func:`data_entry`).
+LISTED_INDICES = 300
 
 #: Embedded stand-ins used at ``--scale ci`` when no ``--data`` override is given:
 #: logical dataset → (embedded spec, dataset whose normalisation constants apply).
@@ -67,6 +78,10 @@ class Context:
     MedMNIST dataset be downloaded; ``None`` (the default) means "at paper
     scale", so that a paper-scale run on a fresh Colab machine fetches its
     data, while a ci run never touches the network.
+
+    ``uses`` collects, for each overridden dataset, the images every
+    :meth:`dataset` call loaded: ``(split, selection) → indices`` (see
+    :class:`leakagelib.data.Dataset`), for the record's ``data`` field.
     """
 
     scale: str = "ci"
@@ -76,6 +91,8 @@ class Context:
     progress: bool = True
     download: bool | None = None
     settings: ScaleConfig = EMPTY
+    partial: PartialRecord | None = None
+    uses: dict[str, dict[tuple[str, str], torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -110,18 +127,28 @@ class Context:
             return STAND_INS[logical]
         return logical
 
-    def dataset(self, logical: str, n: int | None = None, **options: Any) -> _data.Dataset:
+    def dataset(
+        self, logical: str, n: int | None = None, *, split: str = "test", **options: Any
+    ) -> _data.Dataset:
         """Load the dataset this run uses for ``logical`` (see :meth:`resolve`).
 
-        ``options`` go to :func:`leakagelib.data.load`; the normalisation
-        constants are those of ``logical`` unless ``options`` say otherwise.
+        Images to attack come from ``split="test"`` (the default), training
+        images from ``split="train"``; an ``.npz`` override is split into
+        these two disjoint parts of its file (:func:`leakagelib.data.split_indices`),
+        so that no attacked image was trained on. ``options`` go to
+        :func:`leakagelib.data.load`; the normalisation constants are those of
+        ``logical`` unless ``options`` say otherwise. For an overridden
+        dataset the images loaded are noted in :attr:`uses`.
         """
         spec = self.resolve(logical)
         options.setdefault("seed", self.seed)
         options.setdefault("download", self.may_download)
         if spec != logical:
             options.setdefault("constants_of", logical)
-        return _data.load(spec, n=n, **options)
+        ds = _data.load(spec, n=n, split=split, **options)
+        if logical in self.data and ds.indices is not None:
+            self.uses.setdefault(logical, {})[(split, ds.selection)] = ds.indices
+        return ds
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded CPU generator, distinct for each ``offset``."""
@@ -135,6 +162,57 @@ class Context:
         from tqdm.auto import tqdm
 
         yield from tqdm(iterable, desc=desc, total=total, leave=False)
+
+    def units(
+        self, keys: Iterable[K], compute: Callable[[K], list[dict[str, Any]]], desc: str
+    ) -> list[dict[str, Any]]:
+        """The rows of every unit ``key`` (``compute(key)``), in order, resuming where possible.
+
+        Each unit starts from the global seed :func:`~.resume.unit_seed` of the
+        run's seed and its key, so its rows do not depend on the units before
+        it; with a partial record (a command-line run) finished units are read
+        back instead of recomputed, and every new one is saved as it finishes.
+        The progress bar shows the units left and an ETA.
+        """
+        keys = list(keys)
+        rows: list[dict[str, Any]] = []
+        for key in self.track(keys, desc, total=len(keys)):
+            done = self.partial.get(key) if self.partial is not None else None
+            if done is None:
+                torch.manual_seed(unit_seed(self.seed, key))
+                done = compute(key)
+                if self.partial is not None:
+                    done = jsonable(done)
+                    self.partial.add(key, done)
+            rows.extend(done)
+        return rows
+
+
+def data_entry(spec: str, uses: dict[tuple[str, str], torch.Tensor]) -> dict[str, Any]:
+    """What a record says of an overridden dataset: which of its images played which role.
+
+    ``{"spec": spec, "split_rule": ..., "test": {...}, "train": {...}}``: for
+    every split the run loaded (``"test"``: attacked images and test
+    accuracy; ``"train"``: training), the ``count`` of distinct images, the
+    ``selection`` formulas that drew them (:func:`leakagelib.data.dataset.formula`,
+    in source positions: the file's for an ``.npz``) and, when there are at
+    most :data:`LISTED_INDICES`, the sorted ``indices`` themselves.
+    ``split_rule`` (:data:`leakagelib.data.SPLIT_RULE`) defines the
+    ``split_indices`` of those formulas, for ``.npz`` files and embedded data.
+    """
+    entry: dict[str, Any] = {"spec": spec}
+    if spec.endswith(".npz") or spec in _data.EMBEDDED:
+        entry["split_rule"] = _data.SPLIT_RULE
+    for split in ("test", "train", "all"):
+        loads = {chosen: idx for (part, chosen), idx in uses.items() if part == split}
+        if not loads:
+            continue
+        union = torch.unique(torch.cat(list(loads.values())))
+        role: dict[str, Any] = {"count": int(union.numel()), "selection": sorted(loads)}
+        if union.numel() <= LISTED_INDICES:
+            role["indices"] = union.tolist()
+        entry[split] = role
+    return entry
 
 
 ExperimentFn = Callable[[Context], "list[dict[str, Any]] | dict[str, Any]"]
@@ -221,11 +299,14 @@ def run(
     data: dict[str, str] | None = None,
     progress: bool = True,
     download: bool | None = None,
+    partial: PartialRecord | None = None,
 ) -> dict[str, Any]:
     """Run experiment ``id`` and return its record (rows, extras, provenance).
 
     Overrides in ``$LEAKAGELIB_DATA`` apply first; ``data`` overrides them.
     ``download`` is :attr:`Context.download` (default: only at paper scale).
+    ``partial`` keeps finished units (see :meth:`Context.units`) so that an
+    interrupted run can be resumed.
     """
     exp = get(id)
     overrides = {**env_data_overrides(), **(data or {})}
@@ -237,6 +318,7 @@ def run(
         progress=progress,
         download=download,
         settings=exp.config,
+        partial=partial,
     )
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -257,7 +339,13 @@ def run(
     record: dict[str, Any] = {"experiment": id, "scale": scale, "rows": rows}
     notes = extras.pop("data", {})  # an experiment may say what it made of a dataset
     record.update(extras)
-    resolved = {k: ctx.resolve(k) for k in sorted(set(STAND_INS) | set(overrides))}
-    record["data"] = {**resolved, **notes}
+    described: dict[str, Any] = {
+        k: data_entry(ctx.resolve(k), ctx.uses.get(k, {})) if k in overrides else ctx.resolve(k)
+        for k in sorted(set(STAND_INS) | set(overrides))
+    }
+    for name, note in notes.items():
+        entry = described.get(name)
+        described[name] = {**entry, "note": note} if isinstance(entry, dict) else note
+    record["data"] = described
     record["provenance"] = provenance(seed=seed, device=device, wall_seconds=wall)
     return record

@@ -412,12 +412,11 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
             updates,
             input_shape=shape,
             labels=test_y[:n_attack],
-            stacked=True,
             bounds=bounds,
             generator=ctx.generator(4),
             device=ctx.device,
         )
-        rec = norm.denormalize(result.images[0, :, 0].detach().cpu()).clamp(0, 1)
+        rec = norm.denormalize(result.inputs().detach().cpu()).clamp(0, 1)
         err = _mse(rec, test_x[:n_attack].to(rec.dtype))
         rows.append(
             {

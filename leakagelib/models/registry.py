@@ -46,7 +46,7 @@ def build(
     builder's docstring lists them. ``bottleneck`` inserts a variational
     bottleneck — ``"cvb"``, ``"precode"``, ``"cvb@2"``, or a dict with ``kind``,
     ``position`` and the module's options — as
-    :func:`leakagelib.bottlenecks.apply_bottleneck_option` describes (the
+    :func:`leakagelib.defenses.surgery.apply_bottleneck_option` describes (the
     chapter on variational bottlenecks uses it). Unknown names raise a
     ``KeyError`` that lists the known ones.
     """
@@ -60,6 +60,7 @@ def build(
     model = _BUILDERS[name](shape, int(num_classes), **options)
     if bottleneck is None:
         return model
-    from ..bottlenecks import apply_bottleneck_option  # bottlenecks import the zoo's staging
+    # imported on use: the defenses package loads the attacks and Opacus, which the zoo does not need
+    from ..defenses.surgery import apply_bottleneck_option
 
     return apply_bottleneck_option(model, bottleneck, shape)

@@ -3,8 +3,9 @@
 * :mod:`.constraints` — per-layer gradient, weight and padding constraints as
   sparse float64 matrices built from the layer's geometry;
 * :mod:`.mu` — μ from ⟨∇w, w⟩ by exact root-finding (both roots: twin data);
-* :mod:`.recursive` — the recursive attack (:func:`rgap`), for the logistic loss
-  and for cross-entropy with the label recovered from the gradient;
+* :mod:`.last_layer` — step 1: the last layer's output and gradient, for the
+  logistic loss and for cross-entropy with the label recovered from the gradient;
+* :mod:`.recursive` — the recursive attack (:func:`rgap`) from there down to the input;
 * :mod:`.solve` — the structured least-squares solvers behind it;
 * :mod:`.rank` — the rank analysis index RA-i, the critical layer, residual
   blocks, and the exact per-layer rank;

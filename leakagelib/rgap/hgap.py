@@ -91,12 +91,11 @@ def dlg_logistic(
         prior=attack.prior,
         config=attack.config.with_(optimize_labels=False),
         input_shape=in_shape,
-        stacked=True,
         loss="logistic",
         generator=generator,
         initial=None if initial is None else initial.float().reshape(-1, 1, *in_shape),
     )
-    return result.images.reshape(-1, *in_shape)
+    return result.inputs()
 
 
 def rgap_then_dlg(

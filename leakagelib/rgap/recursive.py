@@ -18,24 +18,19 @@ Everything runs in float64 on the untrained network. When μ is not unique
 its *twin* (Appendix B), which produces exactly the same update. Chapter
 "Closed-form attacks" derives each step; "Twin data" uses the two roots.
 
-**Cross-entropy with a recovered label.** §3.1.1 notes that for multi-class
-classification the label can be read off the gradient (Zhao et al. 2020); the
-paper derives R-GAP in the binary setting only. For K classes, logits
-z = W_d x_d (+ b) and ℓ = −log softmax(z)_y, the last layer's output gradient is
-k_d = ∂ℓ/∂z = softmax(z) − e_y, and ∇W_d = k_d x_dᵀ is rank one. Only step 1
-changes — finding k_d and z_d — see :func:`ce_last_layer`; steps 2–3 are the
-same recursion. The binary logistic loss is the special case K = 2: with
-μ = z_y − logsumexp_{j≠y} z_j, cross-entropy is exactly log(1 + e^{−μ}).
+**Cross-entropy with a recovered label.** For K classes only step 1 changes —
+finding k_d and z_d, the label read off the gradient —, see
+:func:`~leakagelib.rgap.last_layer.ce_last_layer`; steps 2–3 are the same recursion.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import expit
 from torch import Tensor, nn
 
 from ..gradients import Update, check_update
@@ -47,7 +42,7 @@ from .constraints import (
     layer_constraints,
     weight_matrix,
 )
-from .mu import mu_roots
+from .last_layer import LOSSES, Start, ce_last_layer, logistic_starts, margin, signed_label
 from .solve import (
     Solution,
     exact_rank,
@@ -57,15 +52,7 @@ from .solve import (
     weight_only_solve,
 )
 
-__all__ = [
-    "LOSSES",
-    "SOLVERS",
-    "LayerReport",
-    "RGAPResult",
-    "ce_last_layer",
-    "rgap",
-    "select_candidate",
-]
+__all__ = ["SOLVERS", "LayerReport", "RGAPResult", "rgap", "select_candidate"]
 
 
 @dataclass
@@ -112,13 +99,6 @@ class RGAPResult:
     seconds: float = 0.0
     label: int | float | None = None
     loss: str = "logistic"
-
-
-def _signed_label(label: int | float | Tensor) -> float:
-    y = float(label.item() if isinstance(label, Tensor) else label)
-    if y not in (-1.0, 1.0):
-        raise ValueError(f"R-GAP's logistic loss takes a label y in {{-1, +1}}, got {label!r}")
-    return y
 
 
 def _numpy(t: Tensor) -> np.ndarray:
@@ -249,112 +229,97 @@ def select_candidate(candidates: list[Tensor]) -> int:
     return int(np.argmin(scores))
 
 
-LOSSES = ("logistic", "ce")
+def _chain(
+    model: nn.Module, in_shape: tuple[int, int, int], loss: str | None
+) -> tuple[list[Stage], str]:
+    """The model's stages, checked to end in a linear layer R-GAP can start from; and the loss."""
+    stages = chain_of(model, in_shape)
+    last = stages[-1]
+    if not isinstance(last.layer, nn.Linear):
+        raise ValueError("R-GAP needs the network to end in an nn.Linear layer")
+    if last.activation is not None and not isinstance(last.activation, nn.Identity):
+        raise ValueError("the output logits must not pass through an activation")
+    loss = loss or ("logistic" if last.layer.out_features == 1 else "ce")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+    if loss == "logistic" and last.layer.out_features != 1:
+        raise ValueError(
+            "R-GAP's binary (logistic) setting needs a last nn.Linear layer with one "
+            "output; use loss='ce' for several classes"
+        )
+    return stages, loss
 
 
-def _margin(z: np.ndarray, label: int) -> float:
-    """μ = z_y − logsumexp_{j≠y} z_j: cross-entropy equals log(1 + e^{−μ})."""
-    others = np.delete(z, label)
-    top = float(others.max())
-    return float(z[label] - top - np.log(np.exp(others - top).sum()))
+def _starts(
+    last: Stage,
+    params: dict[str, Tensor],
+    update: Update,
+    label: int | float | Tensor | None,
+    loss: str,
+    mu: float | None,
+) -> tuple[int | float, list[Start]]:
+    """Step 1 (:mod:`.last_layer`): the label used and every (μ, z_d, k_d) that fits."""
+    weight = _numpy(params[last.weight_key])
+    grad_weight = _numpy(update[last.weight_key])
+    if loss == "logistic":
+        if label is None:
+            raise ValueError("the logistic loss needs the label y in {-1, +1}")
+        y = signed_label(label)
+        c = float(np.sum(grad_weight * weight))
+        if last.bias_key is not None:
+            c += float(np.sum(_numpy(update[last.bias_key]) * _numpy(params[last.bias_key])))
+        return y, logistic_starts(c, y, mu)
+    if mu is not None:
+        raise ValueError("mu applies to the logistic loss only")
+    if label is not None:
+        label = int(label.item() if isinstance(label, Tensor) else label)
+    has_bias = last.bias_key is not None
+    y, pairs = ce_last_layer(
+        weight,
+        grad_weight,
+        _numpy(params[last.bias_key]) if has_bias else None,
+        _numpy(update[last.bias_key]) if has_bias else None,
+        label,
+    )
+    return y, [(margin(z, int(y)), z, k) for z, k in pairs]
 
 
-def ce_last_layer(
-    weight: np.ndarray,
-    grad_weight: np.ndarray,
-    bias: np.ndarray | None = None,
-    grad_bias: np.ndarray | None = None,
-    label: int | None = None,
-) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
-    """Step 1 of R-GAP under cross-entropy: the label and every (z_d, k_d) that fits.
+def _attack_one(
+    stages: list[Stage],
+    params: dict[str, Tensor],
+    update: Update,
+    label: int | float | Tensor | None,
+    *,
+    in_shape: tuple[int, int, int],
+    loss: str,
+    mu: float | None,
+    **recursion: Any,
+) -> RGAPResult:
+    """R-GAP on one single-image update: step 1, then the recursion from every start.
 
-    The last layer is linear, z = W x + b with K outputs, and k = ∂ℓ/∂z =
-    p − e_y with p = softmax(z). Its gradients are ∇b = k and ∇W = k xᵀ (rank
-    one: every row is a multiple of the layer input x, Phong et al.'s
-    observation, equation 3 of the paper).
-
-    * **With a bias** k = ∇b is observed directly; y is its only negative entry
-      (iDLG, :func:`leakagelib.gradients.recover_label_idlg`), x = ∇Wᵀk / ‖k‖²
-      and z = W x + b. One candidate.
-    * **Without a bias** only the direction of x is observed. Take the unit
-      vector u along the largest row of ∇W (exact, ∇W being rank one) and write
-      x = s·u with an unknown scale s. Then g := ∇W u = s·k and v := W u give
-      z = s·v and k = g / s, so everything hangs on s:
-
-      - the label is the entry of g whose sign differs from all others
-        (k_y = p_y − 1 < 0 < k_j = p_j for j ≠ y), no assumption on the sign
-        of the features needed (K ≥ 3);
-      - for j ≠ y, g_j = s·p_j = s·e^{s v_j} / Σ e^{z}, so
-        log|g_j| = s·v_j + const: a straight line in v_j whose slope is s.
-        With K ≥ 3 there are at least two points and s follows exactly from
-        a least-squares line fit — a unique solution, no twin;
-      - for K = 2 there is one point only. This is the paper's binary setting:
-        c = ⟨∇W, W⟩ = kᵀz = μ·ℓ'(μ) with μ = z_y − z_j (equations 9–11), so
-        :func:`~leakagelib.rgap.mu.mu_roots` gives μ (one or two roots: the
-        twin of Appendix B), s = μ / (v_y − v_j), and the label, if not given,
-        is read with iDLG's weight rule (non-negative features assumed).
-
-    Returns the label and a list of ``(z, k)`` pairs (float64 vectors of length K).
+    ``recursion`` holds :func:`_recurse`'s ``solver``, ``diagnostics`` and
+    ``fc_weight_constraints``.
     """
-    w = np.asarray(weight, dtype=np.float64)
-    gw = np.asarray(grad_weight, dtype=np.float64)
-    n_classes = w.shape[0]
-    if n_classes < 2:
-        raise ValueError("cross-entropy needs at least two classes")
-    if label is not None and not 0 <= int(label) < n_classes:
-        raise ValueError(f"label must be a class index in 0..{n_classes - 1}, got {label!r}")
-    if grad_bias is not None and bias is not None:
-        k = np.asarray(grad_bias, dtype=np.float64)
-        y = int(np.argmin(k)) if label is None else int(label)
-        kk = float(k @ k)
-        if kk == 0.0:
-            raise ValueError("the bias gradient is zero: the update carries no information")
-        x = gw.T @ k / kk
-        return y, [(w @ x + np.asarray(bias, dtype=np.float64), k)]
-    row = int(np.argmax(np.linalg.norm(gw, axis=1)))
-    norm = float(np.linalg.norm(gw[row]))
-    if norm == 0.0:
-        raise ValueError("the last layer's gradient is zero: the update carries no information")
-    u = gw[row] / norm
-    g = gw @ u
-    v = w @ u
-    if n_classes == 2:
-        y = int(np.argmin(gw.sum(axis=1))) if label is None else int(label)
-        j = 1 - y
-        c = float(np.sum(gw * w))
-        if v[y] == v[j]:
-            raise ValueError("both logits are equal along the input direction; μ is undetermined")
-        pairs = []
-        for m in mu_roots(c):
-            s = m / (v[y] - v[j])
-            if s == 0.0:
-                continue
-            pairs.append((s * v, g / s))
-        if not pairs:
-            raise ValueError("μ = 0: the input's scale cannot be determined from the update")
-        return y, pairs
-    signs = np.sign(g)
-    if label is None:
-        majority = 1.0 if (signs > 0).sum() >= (signs < 0).sum() else -1.0
-        odd = np.flatnonzero(signs != majority)
-        if odd.size != 1:
-            raise ValueError(
-                "the last layer's gradient is not that of a single cross-entropy example "
-                f"({odd.size} entries of the minority sign; expected exactly one)"
-            )
-        y = int(odd[0])
-    else:
-        y = int(label)
-    others = np.delete(np.arange(n_classes), y)
-    gv, vv = g[others], v[others]
-    ok = gv != 0
-    if ok.sum() < 2 or np.ptp(vv[ok]) == 0:
-        raise ValueError("too few distinct non-label logits to fix the input's scale")
-    design = np.stack([vv[ok], np.ones(int(ok.sum()))], axis=1)
-    s = float(np.linalg.lstsq(design, np.log(np.abs(gv[ok])), rcond=None)[0][0])
-    if s == 0.0:
-        raise ValueError("the fitted input scale is zero")
-    return y, [(s * v, g / s)]
+    start = time.perf_counter()
+    y, starts = _starts(stages[-1], params, update, label, loss, mu)
+    candidates: list[Tensor] = []
+    reports: list[list[LayerReport]] = []
+    for _, out, k in starts:
+        x, rep = _recurse(stages, params, update, k, out, **recursion)
+        candidates.append(torch.from_numpy(x.reshape(1, *in_shape)))
+        reports.append(rep)
+    mus = tuple(m for m, _, _ in starts)
+    best = select_candidate(candidates)
+    return RGAPResult(
+        image=candidates[best],
+        mu=mus[best],
+        layers=reports[best],
+        candidates=candidates,
+        mus=mus,
+        seconds=time.perf_counter() - start,
+        label=y,
+        loss=loss,
+    )
 
 
 def rgap(
@@ -376,8 +341,8 @@ def rgap(
     one output and "ce" otherwise. For the logistic loss ``label`` is
     y ∈ {-1, +1} (R-GAP assumes it known or read off the gradient's sign,
     §3.1.1). For cross-entropy it is the class index, or None to recover it
-    from the last layer's gradient (see :func:`ce_last_layer`, which also
-    derives the cross-entropy step 1). ``mu`` (logistic only) skips the
+    from the last layer's gradient (see :func:`~leakagelib.rgap.last_layer.ce_last_layer`,
+    which also derives the cross-entropy step 1). ``mu`` (logistic only) skips the
     root-finding (e.g. to follow one root only);
     otherwise every root is followed and ``candidates`` holds one image per
     root, ``image`` the one :func:`select_candidate` picks. ``diagnostics`` adds
@@ -388,76 +353,20 @@ def rgap(
     :mod:`leakagelib.rgap.solve`), "stacked" (all constraints, sparse least
     squares) or "dense" (``np.linalg.lstsq``, the authors' choice; slow).
     """
-    start = time.perf_counter()
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
     check_update(model, update)
-    stages = chain_of(model, in_shape)
-    last = stages[-1]
-    if not isinstance(last.layer, nn.Linear):
-        raise ValueError("R-GAP needs the network to end in an nn.Linear layer")
-    if last.activation is not None and not isinstance(last.activation, nn.Identity):
-        raise ValueError("the output logits must not pass through an activation")
-    loss = loss or ("logistic" if last.layer.out_features == 1 else "ce")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+    stages, loss = _chain(model, in_shape, loss)
     params = {n: p for n, p in model.named_parameters()}
-    weight = _numpy(params[last.weight_key])
-    grad_weight = _numpy(update[last.weight_key])
-    starts: list[tuple[float, np.ndarray, np.ndarray]] = []  # (μ, z_d, k_d) per candidate
-    if loss == "logistic":
-        if last.layer.out_features != 1:
-            raise ValueError(
-                "R-GAP's binary (logistic) setting needs a last nn.Linear layer with one "
-                "output; use loss='ce' for several classes"
-            )
-        if label is None:
-            raise ValueError("the logistic loss needs the label y in {-1, +1}")
-        y: int | float = _signed_label(label)
-        c = float(np.sum(grad_weight * weight))
-        if last.bias_key is not None:
-            c += float(np.sum(_numpy(update[last.bias_key]) * _numpy(params[last.bias_key])))
-        mus = (float(mu),) if mu is not None else mu_roots(c)
-        for m in mus:
-            starts.append((m, np.array([m * y]), np.array([-y * float(expit(-m))])))
-    else:
-        if mu is not None:
-            raise ValueError("mu applies to the logistic loss only")
-        if label is not None:
-            label = int(label.item() if isinstance(label, Tensor) else label)
-        has_bias = last.bias_key is not None
-        y, pairs = ce_last_layer(
-            weight,
-            grad_weight,
-            _numpy(params[last.bias_key]) if has_bias else None,
-            _numpy(update[last.bias_key]) if has_bias else None,
-            label,
-        )
-        starts = [(_margin(z, int(y)), z, k) for z, k in pairs]
-    candidates: list[Tensor] = []
-    reports: list[list[LayerReport]] = []
-    for _, out, k in starts:
-        x, rep = _recurse(
-            stages,
-            params,
-            update,
-            k,
-            out,
-            solver=solver,
-            diagnostics=diagnostics,
-            fc_weight_constraints=fc_weight_constraints,
-        )
-        candidates.append(torch.from_numpy(x.reshape(1, *in_shape)))
-        reports.append(rep)
-    mus = tuple(m for m, _, _ in starts)
-    best = select_candidate(candidates)
-    return RGAPResult(
-        image=candidates[best],
-        mu=mus[best],
-        layers=reports[best],
-        candidates=candidates,
-        mus=mus,
-        seconds=time.perf_counter() - start,
-        label=y,
+    return _attack_one(
+        stages,
+        params,
+        update,
+        label,
+        in_shape=in_shape,
         loss=loss,
+        mu=mu,
+        solver=solver,
+        diagnostics=diagnostics,
+        fc_weight_constraints=fc_weight_constraints,
     )

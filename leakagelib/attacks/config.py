@@ -1,0 +1,138 @@
+"""The loop's hyper-parameters: :class:`Setting` (what may differ inside one batch) and :class:`AttackConfig`.
+
+Both validate on construction, so that a typo (``steps=2.5``, ``lr=nan``,
+``decay=1.5``) fails where it is written, with a message that names the
+argument and says what it should be, instead of deep inside a batched attack.
+Used by every optimisation attack, first in the chapter "Existing attacks are
+approximations".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from numbers import Integral, Real
+
+from .likelihoods import WEIGHTINGS
+
+__all__ = ["INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
+
+OPTIMIZERS = ("adam", "lbfgs")
+SCHEDULES = ("exponential", "step", "constant")
+INITS = ("normal", "uniform", "zeros", "pattern")
+
+
+def _count(name: str, value: object, meaning: str) -> None:
+    """``value`` must be an integer >= 1 (not a bool, not 2.5)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer >= 1 ({meaning}), got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1 ({meaning}), got {value!r}")
+
+
+def _number(name: str, value: object, meaning: str, *, low: float, low_open: bool) -> None:
+    """``value`` must be a finite real number above ``low`` (strictly when ``low_open``)."""
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a finite number {bound} ({meaning}), got {value!r}")
+    if not math.isfinite(value) or value < low or (low_open and value == low):
+        raise ValueError(f"{name} must be a finite number {bound} ({meaning}), got {value!r}")
+
+
+def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"unknown {name} {value!r}; use one of {options}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The hyper-parameters that may differ between attacks run in one batch.
+
+    ``lr`` the initial learning rate, ``decay`` the schedule's factor, ``beta``
+    the prior weight, ``weighting`` the layer weighting (``None``: the
+    likelihood's own).
+    """
+
+    lr: float
+    decay: float
+    beta: float
+    weighting: str | None = None
+
+    def __post_init__(self) -> None:
+        _number("lr", self.lr, "the initial learning rate", low=0.0, low_open=True)
+        _number("decay", self.decay, "the schedule's factor, at most 1", low=0.0, low_open=True)
+        if self.decay > 1:
+            raise ValueError(
+                f"decay must be in (0, 1] (the schedule's factor; 1 keeps lr), got {self.decay!r}"
+            )
+        _number("beta", self.beta, "the prior weight", low=0.0, low_open=False)
+        if self.weighting is not None:
+            _choice("layer weighting", self.weighting, WEIGHTINGS)
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """How the loop runs: steps, optimiser, schedule, initialisation and sampling.
+
+    * ``optimizer``: ``"adam"`` or ``"lbfgs"`` (``torch.optim.LBFGS``, one
+      ``.step`` of up to ``lbfgs_iterations`` inner iterations per step, as DLG).
+    * ``schedule``: ``"exponential"`` (lr · decay^(t / decay_every), the Bayes
+      code), ``"step"`` (lr · decay at 3/8, 5/8 and 7/8 of the steps, Inverting
+      Gradients) or ``"constant"``.
+    * ``init``: ``"normal"`` (N(0, init_scale²) in the model's input space, the
+      Bayes code), ``"uniform"`` (U within ``bounds``, or U(0, 1)), ``"zeros"``,
+      or ``"pattern"`` (CPL's patterned initialisation: one random
+      ``pattern_size × pattern_size`` patch tiled over the image).
+    * ``signed``: use the sign of the objective's gradient (Inverting Gradients).
+    * ``box``: clamp iterates into ``bounds`` after each step.
+    * ``mc_samples`` (k) and ``delta`` (δ): Algorithm 1's Monte-Carlo samples,
+      uniform in the ℓ2 ball of radius δ around the iterate.
+    * ``optimize_labels``: optimise soft labels jointly with the inputs (DLG).
+    """
+
+    steps: int = 200
+    optimizer: str = "adam"
+    lr: float = 0.5
+    schedule: str = "exponential"
+    decay: float = 0.94
+    decay_every: int = 1
+    beta: float = 1.0
+    weighting: str | None = None
+    init: str = "normal"
+    init_scale: float = 1.0
+    pattern_size: int = 4
+    restarts: int = 1
+    signed: bool = False
+    box: bool = False
+    mc_samples: int = 1
+    delta: float = 0.0
+    optimize_labels: bool = False
+    lbfgs_iterations: int = 20
+    lbfgs_history: int = 100
+
+    def __post_init__(self) -> None:
+        _count("steps", self.steps, "optimiser steps")
+        _count("restarts", self.restarts, "independent starts per attack")
+        _count("mc_samples", self.mc_samples, "Monte-Carlo samples k per step")
+        _count("lbfgs_iterations", self.lbfgs_iterations, "L-BFGS iterations per step")
+        _count("lbfgs_history", self.lbfgs_history, "L-BFGS history size")
+        _count("decay_every", self.decay_every, "steps per exponential decay")
+        _count("pattern_size", self.pattern_size, "side of CPL's tiled patch")
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("init", self.init, INITS)
+        _number("init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True)
+        _number("delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False)
+        if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1):
+            raise ValueError(
+                "L-BFGS needs a deterministic objective: no signed gradients or MC samples"
+            )
+        self.setting()  # validates lr, decay, beta and weighting
+
+    def setting(self) -> Setting:
+        """This configuration's own hyper-parameters as a :class:`Setting`."""
+        return Setting(self.lr, self.decay, self.beta, self.weighting)
+
+    def with_(self, **changes: object) -> AttackConfig:
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)

@@ -1,0 +1,131 @@
+"""The two optimisers of the attack loop, run on all attacks of a batch at once.
+
+* :func:`adam_loop` — element-wise Adam with a learning rate and schedule per
+  setting (the Bayes code, Inverting Gradients), optionally on the sign of the
+  gradient, with fresh Monte-Carlo ball samples every step;
+* :func:`lbfgs_loop` — ``torch.optim.LBFGS`` (DLG, iDLG, CPL) on the summed
+  objectives of the batch, which do not interact.
+
+Both take ``evaluate(x, z, d)``, the batched objective and gradient built by
+:func:`leakagelib.attacks.loop.run_attack`, and return the final iterates and
+the mean objective per step. Used by every optimisation attack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from .config import AttackConfig, Setting
+
+__all__ = ["Evaluate", "adam_loop", "lbfgs_loop"]
+
+#: ``evaluate(x, z, d) -> (∂/∂x, ∂/∂z or None, objective)`` of every attack of a batch.
+Evaluate = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None, Tensor]]
+
+#: Adam's moment decays and its denominator's epsilon (Kingma & Ba 2015, the defaults).
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+
+
+def _lr_factor(config: AttackConfig, step: int, decay: Tensor) -> Tensor:
+    """The schedule's multiplier at ``step`` for each setting's ``decay``."""
+    if config.schedule == "exponential":
+        return decay ** (step / config.decay_every)
+    if config.schedule == "step":
+        passed = sum(step >= int(config.steps * f) for f in (3 / 8, 5 / 8, 7 / 8))
+        return decay**passed
+    return torch.ones_like(decay)
+
+
+def _adam_step(
+    var: Tensor, g: Tensor, m: Tensor, v: Tensor, t: int, lr_t: Tensor, signed: bool
+) -> Tensor:
+    """One Adam update of ``var`` with per-setting learning rates ``lr_t`` (moments in place)."""
+    b1, b2 = ADAM_BETAS
+    if signed:
+        g = g.sign()
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    mhat = m / (1 - b1 ** (t + 1))
+    vhat = v / (1 - b2 ** (t + 1))
+    return var - lr_t.reshape((lr_t.shape[0],) + (1,) * (var.dim() - 1)) * mhat / (
+        vhat.sqrt() + ADAM_EPS
+    )
+
+
+def adam_loop(
+    config: AttackConfig,
+    evaluate: Evaluate,
+    x: Tensor,
+    z: Tensor,
+    settings: list[Setting],
+    draw: Callable[[], Tensor],
+    clamp: Callable[[Tensor], Tensor],
+    steps: Iterable[int],
+    callback: Callable[[int, Tensor], None] | None,
+) -> tuple[Tensor, Tensor, list[float]]:
+    """Element-wise Adam with a learning rate and schedule per setting.
+
+    ``draw()`` gives each step's ball offsets (fresh Monte-Carlo samples).
+    """
+    lrs = torch.tensor([s.lr for s in settings], device=x.device)
+    decays = torch.tensor([s.decay for s in settings], device=x.device)
+    moments = [(torch.zeros_like(t), torch.zeros_like(t)) for t in (x, z)]
+    history: list[float] = []
+    for t in steps:
+        gx, gz, value = evaluate(x, z, draw())
+        history.append(float(value.detach().mean()))
+        lr_t = lrs * _lr_factor(config, t, decays)
+        x = clamp(_adam_step(x, gx, *moments[0], t, lr_t, config.signed))
+        if gz is not None:
+            z = _adam_step(z, gz, *moments[1], t, lr_t, config.signed)
+        if callback is not None:
+            callback(t, x.detach())
+    return x, z, history
+
+
+def lbfgs_loop(
+    config: AttackConfig,
+    evaluate: Evaluate,
+    x: Tensor,
+    z: Tensor,
+    lr: float,
+    draw: Callable[[], Tensor],
+    clamp: Callable[[Tensor], Tensor],
+    steps: Iterable[int],
+    callback: Callable[[int, Tensor], None] | None,
+) -> tuple[Tensor, Tensor, list[float]]:
+    """``torch.optim.LBFGS`` on all attacks at once (their objectives summed; they do not interact).
+
+    ``draw()`` is called once: one set of offsets for the whole run (L-BFGS
+    needs a deterministic objective).
+    """
+    xp = x.clone().requires_grad_(True)
+    zp = z.clone().requires_grad_(config.optimize_labels)
+    opt = torch.optim.LBFGS(
+        [xp, zp] if config.optimize_labels else [xp],
+        lr=lr,
+        max_iter=config.lbfgs_iterations,
+        history_size=config.lbfgs_history,
+    )
+    d0 = draw()
+
+    def closure() -> Tensor:
+        gx, gz, value = evaluate(xp.detach(), zp.detach(), d0)
+        xp.grad = gx
+        if config.optimize_labels:
+            zp.grad = gz
+        return value.sum()
+
+    history: list[float] = []
+    for t in steps:
+        value = opt.step(closure)
+        history.append(float(value) / math.prod(x.shape[:3]))
+        with torch.no_grad():
+            xp.copy_(clamp(xp))
+        if callback is not None:
+            callback(t, xp.detach().clone())
+    return xp.detach(), zp.detach(), history

@@ -1,0 +1,86 @@
+"""Partial records: a long run writes every finished unit as it goes, and ``--resume`` continues it.
+
+A paper-scale experiment is a sequence of *units* (a cell of a table, a
+training step of a figure) whose rows do not depend on one another: each
+unit draws its randomness from a seed derived from the run's seed and the
+unit's key (:func:`unit_seed`), never from what earlier units consumed. An
+experiment runs its units through :meth:`leakagelib.experiments.Context.units`,
+which skips the units a :class:`PartialRecord` already holds and saves the
+partial record atomically after each new one. So a run killed halfway and
+resumed gives the same rows as a run that was never interrupted (a test
+checks it). ``python -m leakagelib reproduce ID --out F.json`` keeps the
+partial record in ``F.json.partial`` until the final record is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..records import write_json_atomically
+
+__all__ = ["PartialRecord", "unit_key", "unit_seed"]
+
+
+def unit_key(key: Any) -> str:
+    """A unit's key as the JSON text the partial record stores it under."""
+    return json.dumps(key, sort_keys=True)
+
+
+def unit_seed(seed: int, key: Any) -> int:
+    """The seed of one unit: a hash of the run's seed and the unit's key (63 bits)."""
+    digest = hashlib.sha256(f"{seed}|{unit_key(key)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class PartialRecord:
+    """The finished units of one run (experiment, scale, seed, data), kept in a JSON file.
+
+    ``resume=False`` starts afresh (an old partial file is replaced on the
+    first save); ``resume=True`` loads the file if it exists and refuses one
+    written by a different run, naming the difference.
+    """
+
+    def __init__(self, path: str | os.PathLike, identity: dict[str, Any], *, resume: bool) -> None:
+        self.path = Path(path)
+        self.identity = dict(identity)
+        self.units: dict[str, list[dict[str, Any]]] = {}
+        if resume and self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            saved = json.loads(self.path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{self.path} is not a partial record: {err}") from err
+        if not isinstance(saved, dict) or not isinstance(saved.get("units"), dict):
+            raise ValueError(f"{self.path} is not a partial record (no 'units' object)")
+        theirs = saved.get("identity", {})
+        differ = sorted(
+            k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k)
+        )
+        if differ:
+            details = ", ".join(
+                f"{k}: {theirs.get(k)!r} there, {self.identity.get(k)!r} now" for k in differ
+            )
+            raise ValueError(
+                f"{self.path} belongs to another run ({details}); resume with the same "
+                "arguments, or start afresh without --resume"
+            )
+        self.units = saved["units"]
+
+    def get(self, key: Any) -> list[dict[str, Any]] | None:
+        """The rows of a finished unit, or ``None``."""
+        return self.units.get(unit_key(key))
+
+    def add(self, key: Any, rows: list[dict[str, Any]]) -> None:
+        """Record a finished unit and save the partial record atomically."""
+        self.units[unit_key(key)] = rows
+        write_json_atomically({"identity": self.identity, "units": self.units}, self.path)
+
+    def discard(self) -> None:
+        """Remove the partial file (the final record has been written)."""
+        self.path.unlink(missing_ok=True)

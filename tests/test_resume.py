@@ -1,0 +1,114 @@
+"""Resumable runs: a run killed halfway and resumed gives the same record as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from leakagelib.cli import main
+from leakagelib.experiments import registry
+from leakagelib.experiments.resume import PartialRecord, unit_seed
+from leakagelib.records import read_record
+
+UNITS = ("a", "b", "c", "d")
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """A registered toy experiment of four units whose rows use the global RNG."""
+    calls: list[str] = []
+    stop_at: dict[str, str | None] = {"unit": None}
+
+    def compute(key: str) -> list[dict]:
+        if key == stop_at["unit"]:
+            raise KeyboardInterrupt
+        calls.append(key)
+        return [{"unit": key, "value": float(torch.rand(()))}]
+
+    def fn(ctx):
+        torch.rand(())  # state consumed before the units must not matter
+        return ctx.units(UNITS, compute, "toy")
+
+    monkeypatch.setattr(registry, "_EXPERIMENTS", dict(registry._EXPERIMENTS))
+    registry.experiment("test/toy", row_keys=("unit", "value"))(fn)
+    return calls, stop_at
+
+
+def test_a_resumed_run_gives_the_record_of_an_uninterrupted_one(toy, tmp_path, capsys):
+    calls, stop_at = toy
+    whole, halves = tmp_path / "whole.json", tmp_path / "halves.json"
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(whole)]) == 0
+    stop_at["unit"] = "c"
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(halves)]) == 130
+    assert "--resume" in capsys.readouterr().err
+    partial = json.loads((tmp_path / "halves.json.partial").read_text())
+    assert len(partial["units"]) == 2 and not halves.exists()
+    # without --resume the partial record is not thrown away
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(halves)]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    stop_at["unit"] = None
+    calls.clear()
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(halves), "--resume"]) == 0
+    assert calls == ["c", "d"], "only the unfinished units ran"
+    assert read_record(halves)["rows"] == read_record(whole)["rows"]
+    assert not (tmp_path / "halves.json.partial").exists()
+
+
+def test_a_partial_record_of_another_run_is_refused(toy, tmp_path, capsys):
+    _, stop_at = toy
+    out = tmp_path / "r.json"
+    stop_at["unit"] = "b"
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(out)]) == 130
+    stop_at["unit"] = None
+    args = ["reproduce", "test/toy", "--quiet", "--out", str(out), "--resume", "--seed", "3"]
+    assert main(args) == 2
+    assert "belongs to another run (seed: 0 there, 3 now)" in capsys.readouterr().err
+
+
+def test_unit_seeds_differ_by_key_and_seed():
+    seeds = {unit_seed(s, k) for s in (0, 1) for k in ("a", ("a", 1), 2)}
+    assert len(seeds) == 6 and all(0 <= s < 2**63 for s in seeds)
+
+
+def test_partial_records_are_written_atomically(tmp_path):
+    part = PartialRecord(tmp_path / "p.json", {"experiment": "x"}, resume=False)
+    part.add(("cell", 1), [{"psnr": float("inf")}])
+    again = PartialRecord(tmp_path / "p.json", {"experiment": "x"}, resume=True)
+    assert again.get(("cell", 1)) == [{"psnr": "inf"}]
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"], "no temporary file left"
+
+
+SLOW_RUN = """
+import sys, time
+from leakagelib.cli import main
+from leakagelib.experiments import registry
+
+@registry.experiment("test/slow", row_keys=("i",))
+def slow(ctx):
+    print("started", flush=True)
+    time.sleep(60)
+    return [{"i": 0}]
+
+sys.exit(main(["reproduce", "test/slow", "--quiet", "--out", sys.argv[1]]))
+"""
+
+
+def test_sigint_during_a_run_keeps_the_earlier_record(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"experiment": "old", "scale": "ci", "rows": [], "provenance": {}}))
+    before = out.read_text()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_RUN, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.readline().strip() == b"started"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"no record written" in err
+    assert out.read_text() == before
