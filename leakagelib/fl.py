@@ -202,86 +202,125 @@ def federated_averaging(
     defense: GradientDefense | None = None,
     seed: int = 0,
 ) -> FLResult:
-    """Train ``model`` (a deep copy; the argument is unchanged) with FedAvg over IID clients.
+    """Train a deep copy of ``model`` with FedAvg over IID clients (the CVB paper's protocol).
 
-    ``images`` (N×C×H×W, already normalised as the model expects) and
-    ``labels`` are the pooled training data, split IID over ``clients``;
-    each client keeps ``val_fraction`` of its share for validation (at least
-    one sample when the fraction is positive). ``patience=None`` disables early
-    stopping. ``snapshot_rounds`` lists the rounds whose global state to keep
-    (0 = before training). ``defense`` (DP-SGD, gradient compression, ...)
-    is what every local step's update goes through (``None``: :class:`NoDefense`),
-    as the CVB paper trains its perturbation baselines (§VI-C). Everything
-    random comes from ``seed``; the bottlenecks' sampling uses torch's global
-    generator, seeded from it too.
+    ``images`` (normalised as the model expects) and ``labels`` are the pooled
+    training data, split IID over ``clients``; each keeps ``val_fraction`` of
+    its share (at least one sample) for validation and early stopping
+    (``patience=None``: none). ``snapshot_rounds``: rounds whose global state to
+    keep (0 = before training). Every local step's update goes through
+    ``defense`` (DP-SGD, compression, ...; CVB paper §VI-C). Randomness comes
+    from ``seed`` (the bottlenecks' sampling too, via torch's global generator).
     """
-    _check_data(images, labels, "training")
+    _check_fedavg(images, labels, test, rounds=rounds, epochs=local_epochs, batch=batch_size)
     defense = NoDefense() if defense is None else defense
-    if rounds < 0 or local_epochs < 1 or batch_size < 1:
-        raise ValueError(
-            f"need rounds >= 0, local_epochs >= 1, batch_size >= 1; got {rounds}, {local_epochs}, {batch_size}"
-        )
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if test is not None:
-        _check_data(*test, "test")
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     global_model = copy.deepcopy(model)
-    parts = iid_split(images.shape[0], clients, g)
-    shards = []
-    for part in parts:
-        n_val = max(1, round(val_fraction * len(part))) if val_fraction > 0 else 0
-        if n_val >= len(part):
-            raise ValueError(
-                f"a client with {len(part)} samples cannot hold out {n_val} for validation"
-            )
-        part = part.to(images.device)
-        shards.append((part[n_val:], part[:n_val]))
+    shards = _client_shards(images.shape[0], clients, val_fraction, g, images.device)
     locals_ = [copy.deepcopy(global_model) for _ in range(clients)]
     optimizers = [torch.optim.Adam(m.parameters(), lr=lr, betas=betas) for m in locals_]
     wanted = set(snapshot_rounds)
-    result = FLResult(model=global_model)
-    if 0 in wanted:
-        result.snapshots[0] = _snapshot(global_model)
+    result = FLResult(
+        model=global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {}
+    )
     best, since_best = float("inf"), 0
-    weights = torch.tensor([len(tr) for tr, _ in shards], dtype=torch.float64)
-    weights = weights / weights.sum()
+    sizes = torch.tensor([len(tr) for tr, _ in shards], dtype=torch.float64)
+    weights = sizes / sizes.sum()
     for rnd in range(1, rounds + 1):
-        state = global_model.state_dict()
-        val_losses = []
-        for local, opt, (tr, va) in zip(locals_, optimizers, shards, strict=True):
-            local.load_state_dict(state)
-            _local_epochs(
-                local, opt, images[tr], labels[tr],
-                epochs=local_epochs, batch_size=batch_size, generator=g, augment=augment,
-                defense=defense,
-            )  # fmt: skip
-            if len(va):
-                val_losses.append(evaluate(local, images[va], labels[va])[0])
-        averaged = {}
-        for key, value in state.items():
-            stacked = torch.stack([m.state_dict()[key].double() for m in locals_])
-            if value.is_floating_point():
-                w = weights.to(stacked.device).reshape(-1, *([1] * value.dim()))
-                averaged[key] = (stacked * w).sum(dim=0).to(value.dtype)
-            else:  # integer buffers (batch-norm counters): take the first client's
-                averaged[key] = locals_[0].state_dict()[key].clone()
-        global_model.load_state_dict(averaged)
-        val_loss = sum(val_losses) / len(val_losses) if val_losses else None
+        val_loss = _round(
+            global_model, list(zip(locals_, optimizers, shards, strict=True)), images, labels,
+            weights, epochs=local_epochs, batch_size=batch_size, generator=g, augment=augment,
+            defense=defense,
+        )  # fmt: skip
         test_acc = accuracy(global_model, *test) if test is not None else None
         result.history.append({"round": rnd, "val_loss": val_loss, "test_accuracy": test_acc})
         if rnd in wanted:
             result.snapshots[rnd] = _snapshot(global_model)
         if patience is not None and val_loss is not None:
-            if val_loss < best:
-                best, since_best = val_loss, 0
-            else:
-                since_best += 1
-                if since_best >= patience:
-                    result.stopped_early = True
-                    break
+            best, since_best = (val_loss, 0) if val_loss < best else (best, since_best + 1)
+            if since_best and since_best >= patience:
+                result.stopped_early = True
+                break
     return result
+
+
+def _check_fedavg(
+    images: Tensor,
+    labels: Tensor,
+    test: tuple[Tensor, Tensor] | None,
+    *,
+    rounds: int,
+    epochs: int,
+    batch: int,
+) -> None:
+    """:func:`federated_averaging`'s checks, made before any training."""
+    _check_data(images, labels, "training")
+    if rounds < 0 or epochs < 1 or batch < 1:
+        raise ValueError(
+            f"need rounds >= 0, local_epochs >= 1, batch_size >= 1; got {rounds}, {epochs}, {batch}"
+        )
+    if test is not None:
+        _check_data(*test, "test")
+
+
+def _round(
+    global_model: nn.Module,
+    clients: list[tuple[nn.Module, torch.optim.Optimizer, tuple[Tensor, Tensor]]],
+    images: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    **local: Any,
+) -> float | None:
+    """One FedAvg round: every client trains from the global state, then the states are averaged.
+
+    ``clients`` holds each client's model, optimiser and (training, validation)
+    indices; ``local`` the arguments of :func:`_local_epochs`. Returns the mean
+    validation loss of the clients' models (``None`` without validation data).
+    """
+    state = global_model.state_dict()
+    val_losses = []
+    for model, opt, (tr, va) in clients:
+        model.load_state_dict(state)
+        _local_epochs(model, opt, images[tr], labels[tr], **local)
+        if len(va):
+            val_losses.append(evaluate(model, images[va], labels[va])[0])
+    global_model.load_state_dict(_average(state, [m for m, _, _ in clients], weights))
+    return sum(val_losses) / len(val_losses) if val_losses else None
+
+
+def _client_shards(
+    n: int, clients: int, val_fraction: float, g: torch.Generator, device: torch.device
+) -> list[tuple[Tensor, Tensor]]:
+    """Each client's (training, validation) indices: an IID split, ``val_fraction`` held out."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    shards = []
+    for part in iid_split(n, clients, g):
+        n_val = max(1, round(val_fraction * len(part))) if val_fraction > 0 else 0
+        if n_val >= len(part):
+            raise ValueError(
+                f"a client with {len(part)} samples cannot hold out {n_val} for validation"
+            )
+        part = part.to(device)
+        shards.append((part[n_val:], part[:n_val]))
+    return shards
+
+
+def _average(state: State, locals_: list[nn.Module], weights: Tensor) -> State:
+    """FedAvg: the clients' states averaged with ``weights`` (their training-set shares).
+
+    Integer buffers (batch-norm counters) are not averaged: the first client's are taken.
+    """
+    averaged = {}
+    for key, value in state.items():
+        stacked = torch.stack([m.state_dict()[key].double() for m in locals_])
+        if value.is_floating_point():
+            w = weights.to(stacked.device).reshape(-1, *([1] * value.dim()))
+            averaged[key] = (stacked * w).sum(dim=0).to(value.dtype)
+        else:
+            averaged[key] = locals_[0].state_dict()[key].clone()
+    return averaged
 
 
 @dataclass

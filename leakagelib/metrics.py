@@ -49,6 +49,15 @@ def _check_images(x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} must be N x C x H x W (4-D); got shape {tuple(x.shape)}.")
     if x.shape[0] == 0:
         raise ValueError(f"{what} holds no images (shape {tuple(x.shape)}).")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{what} must hold floating-point pixels in [0, 1], got dtype {x.dtype}; "
+            "convert 8-bit images with images.float() / 255."
+        )
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{what} holds NaN or infinite pixels: a diverged attack has no image to score."
+        )
 
 
 def _check_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

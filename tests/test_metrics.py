@@ -204,3 +204,21 @@ def test_lpips_with_real_weights_when_cached(patches) -> None:
     light = metrics.lpips_distance(_noisy(patches, 0.02), patches)
     heavy = metrics.lpips_distance(_noisy(patches, 0.3), patches)
     assert (heavy > light).all() and np.isfinite(heavy.numpy()).all()
+
+
+@pytest.mark.parametrize("metric", [metrics.mse, metrics.psnr, metrics.ssim, metrics.psnr_minmax])
+def test_metrics_refuse_8_bit_images_with_the_conversion(metric):
+    a = torch.zeros(2, 1, 16, 16, dtype=torch.uint8)
+    with pytest.raises(
+        TypeError, match=r"floating-point pixels in \[0, 1\].*images.float\(\) / 255"
+    ):
+        metric(a, a)
+
+
+@pytest.mark.parametrize("metric", [metrics.mse, metrics.psnr, metrics.ssim, metrics.ssim_minmax])
+def test_metrics_refuse_nan_images(metric):
+    a = torch.rand(2, 1, 16, 16)
+    b = a.clone()
+    b[1, 0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite pixels"):
+        metric(b, a)

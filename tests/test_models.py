@@ -237,3 +237,9 @@ def test_build_inserts_a_bottleneck_on_request() -> None:
     assert cvb(torch.rand(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="unknown bottleneck kind"):
         build("cvb-cnn", (3, 32, 32), 10, bottleneck="vae")
+
+
+@pytest.mark.parametrize("bad", [2.5, True, 0, "10"])
+def test_num_classes_must_be_a_whole_number(bad):
+    with pytest.raises(ValueError, match="num_classes must be a whole number of classes"):
+        build("mlp", (1, 8, 8), bad)

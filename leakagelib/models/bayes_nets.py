@@ -252,18 +252,14 @@ def build_mlp(
         raise ValueError(f"mlp norm must be 'none' or 'batch', got {norm!r}")
     fan_in = in_shape[0] * in_shape[1] * in_shape[2]
     hidden: list[tuple[str, nn.Module]] = []
-    for i, w in enumerate(widths, start=1):
-        hidden.append(
-            (
-                f"fc{i}",
-                _seq(
-                    linear=nn.Linear(fan_in, int(w), bias=bias),
-                    norm=norm_layer(norm, int(w), dims=1),
-                    act=make_activation(activation),
-                ),
-            )
+    for i, w in enumerate(map(int, widths), start=1):
+        layer = _seq(
+            linear=nn.Linear(fan_in, w, bias=bias),
+            norm=norm_layer(norm, w, dims=1),
+            act=make_activation(activation),
         )
-        fan_in = int(w)
+        hidden.append((f"fc{i}", layer))
+        fan_in = w
     model = staged(
         in_shape,
         "mlp",

@@ -7,6 +7,7 @@ Each zoo module decorates its builders with :func:`register`; the package's
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 
 from torch import nn
 
@@ -54,8 +55,8 @@ def build(
         raise KeyError(f"unknown model {name!r}; available models: {', '.join(available())}")
     if len(in_shape) != 3 or any(int(s) <= 0 for s in in_shape):
         raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 1:
+        raise ValueError(f"num_classes must be a whole number of classes >= 1, got {num_classes!r}")
     shape = tuple(int(s) for s in in_shape)
     model = _BUILDERS[name](shape, int(num_classes), **options)
     if bottleneck is None:

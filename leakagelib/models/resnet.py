@@ -83,6 +83,47 @@ class BasicBlock(nn.Module):
         return f"skip={self.skip}"
 
 
+def _stem(kind: str, c: int, width: int, norm: str, groups: int) -> nn.Sequential:
+    """The stem: torchvision's 7×7/2 convolution and max-pool ("imagenet"), or a 3×3 ("cifar")."""
+    if kind == "imagenet":
+        return nn.Sequential(
+            OrderedDict(
+                conv=nn.Conv2d(c, width, 7, stride=2, padding=3, bias=False),
+                norm=norm_layer(norm, width, groups=groups),
+                act=nn.ReLU(),
+                pool=nn.MaxPool2d(3, stride=2, padding=1),
+            )
+        )
+    return nn.Sequential(
+        OrderedDict(
+            conv=nn.Conv2d(c, width, 3, stride=1, padding=1, bias=False),
+            norm=norm_layer(norm, width, groups=groups),
+            act=nn.ReLU(),
+        )
+    )
+
+
+def _layers(
+    width: int, norm: str, groups: int, cut: set[int]
+) -> tuple[list[tuple[str, nn.Module]], int]:
+    """``layer1`` … ``layer4`` of basic blocks (skips removed in ``cut``), and the last width."""
+    layers: list[tuple[str, nn.Module]] = []
+    in_channels, index = width, 0
+    for layer_i, (count, stride) in enumerate(
+        zip(_BLOCKS_PER_LAYER, _STRIDES, strict=True), start=1
+    ):
+        channels = width * 2 ** (layer_i - 1)
+        blocks: OrderedDict[str, nn.Module] = OrderedDict()
+        for j in range(count):
+            index += 1
+            blocks[f"block{index}"] = BasicBlock(
+                in_channels, channels, stride if j == 0 else 1, norm, groups, skip=index not in cut
+            )
+            in_channels = channels
+        layers.append((f"layer{layer_i}", nn.Sequential(blocks)))
+    return layers, in_channels
+
+
 @register("resnet18")
 def build_resnet18(
     in_shape: tuple[int, int, int],
@@ -124,43 +165,8 @@ def build_resnet18(
         )
     if init not in ("kaiming", "torch"):
         raise ValueError(f"unknown init {init!r} for resnet18; use 'kaiming' or 'torch'")
-    c = in_shape[0]
-    if stem == "imagenet":
-        stem_module = nn.Sequential(
-            OrderedDict(
-                conv=nn.Conv2d(c, width, 7, stride=2, padding=3, bias=False),
-                norm=norm_layer(norm, width, groups=groups),
-                act=nn.ReLU(),
-                pool=nn.MaxPool2d(3, stride=2, padding=1),
-            )
-        )
-    else:
-        stem_module = nn.Sequential(
-            OrderedDict(
-                conv=nn.Conv2d(c, width, 3, stride=1, padding=1, bias=False),
-                norm=norm_layer(norm, width, groups=groups),
-                act=nn.ReLU(),
-            )
-        )
-    layers: list[tuple[str, nn.Module]] = []
-    in_channels, index = width, 0
-    for layer_i, (count, stride) in enumerate(
-        zip(_BLOCKS_PER_LAYER, _STRIDES, strict=True), start=1
-    ):
-        channels = width * 2 ** (layer_i - 1)
-        blocks: OrderedDict[str, nn.Module] = OrderedDict()
-        for j in range(count):
-            index += 1
-            blocks[f"block{index}"] = BasicBlock(
-                in_channels,
-                channels,
-                stride if j == 0 else 1,
-                norm,
-                groups,
-                skip=index not in cut,
-            )
-            in_channels = channels
-        layers.append((f"layer{layer_i}", nn.Sequential(blocks)))
+    stem_module = _stem(stem, in_shape[0], width, norm, groups)  # built first: torch init order
+    layers, in_channels = _layers(width, norm, groups, cut)
     model = staged(
         in_shape,
         "resnet18",
