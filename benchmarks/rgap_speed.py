@@ -29,12 +29,11 @@ from torch.autograd.functional import jacobian
 from torch.nn.grad import conv2d_weight
 
 from leakagelib.data import load
-from leakagelib.gradients import client_update, per_sample_updates
+from leakagelib.gradients import client_update, per_sample_updates, stack_updates
 from leakagelib.models import build
+from leakagelib.rgap import dlg_logistic, rgap
 from leakagelib.rgap.chain import chain_of
 from leakagelib.rgap.constraints import gradient_matrix, weight_matrix
-from leakagelib.rgap.hgap import dlg_logistic
-from leakagelib.rgap.recursive import rgap
 
 SHAPE = (3, 32, 32)
 
@@ -49,13 +48,14 @@ def _setup(n: int):
 
 
 def _time_rgap(model, x, y, solver: str) -> tuple[float, float]:
+    """Median seconds per image and mean MSE of R-GAP with ``solver``, one update at a time."""
     times, errors = [], []
     for i in range(x.shape[0]):
-        update = client_update(model, x[i : i + 1], y[i : i + 1], loss="logistic")
+        update = stack_updates([client_update(model, x[i : i + 1], y[i : i + 1], loss="logistic")])
         start = time.perf_counter()
-        res = rgap(model, update, int(y[i]), in_shape=SHAPE, solver=solver)
+        res = rgap(model, update, y[i : i + 1], input_shape=SHAPE, solver=solver)
         times.append(time.perf_counter() - start)
-        errors.append(float(((res.image - x[i : i + 1]) ** 2).mean()))
+        errors.append(float(((res.inputs() - x[i : i + 1]) ** 2).mean()))
     return float(np.median(times)), float(np.mean(errors))
 
 
@@ -109,7 +109,7 @@ def main() -> None:
         rows.append((f"R-GAP ({solver})", sec, err))
     updates = per_sample_updates(model, x, y, loss="logistic")
     start = time.perf_counter()
-    rec = dlg_logistic(model, updates, y, in_shape=SHAPE, steps=args.dlg_steps)
+    rec = dlg_logistic(model, updates, y, input_shape=SHAPE, steps=args.dlg_steps).inputs()
     dlg_sec = (time.perf_counter() - start) / args.images
     rows.append((f"DLG ({args.dlg_steps} L-BFGS steps)", dlg_sec, float(((rec - x) ** 2).mean())))
     sparse, dense = _time_matrices(model, x, args.dense_layers)

@@ -24,7 +24,7 @@ import torch
 from scipy.stats import norm
 from torch import Tensor, nn
 
-from .attacks import AttackConfig, Likelihood, Prior, reconstruct
+from .attacks import Attack
 from .defenses.base import GradientDefense
 
 Update = dict[str, Tensor]
@@ -135,24 +135,18 @@ def adversarial_risk(
 
 def optimisation_adversary(
     task: SyntheticGaussian,
-    likelihood: Likelihood,
-    prior: Prior,
-    config: AttackConfig,
+    attack: Attack,
     *,
     generator: torch.Generator | None = None,
     callback: Callable[[int, Tensor], None] | None = None,
 ) -> Adversary:
-    """The adversary that runs Algorithm 1 with ``likelihood`` and ``prior`` on ``task``."""
-    model = task.model
+    """The adversary that runs ``attack`` (a preset, e.g. the Bayes attack with §6's parts) on ``task``."""
 
     def adversary(shared: Update, labels: Tensor) -> Tensor:
-        result = reconstruct(
-            model,
+        result = attack(
+            task.model,
             shared,
             labels=labels,
-            likelihood=likelihood,
-            prior=prior,
-            config=config,
             input_shape=(1, 1, task.dim),
             generator=generator,
             callback=callback,

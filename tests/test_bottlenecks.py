@@ -256,37 +256,86 @@ def test_precode_mlp_is_broken_exactly_by_the_closed_form_attack() -> None:
     assert all(r["psnr"] > 100 for r in rows), [r["psnr"] for r in rows]
 
 
-def test_side_by_side_puts_paper_record_and_run_in_one_row() -> None:
-    """The chapter's comparison tables (cvb.side_by_side): keys aligned, missing values "-"."""
-    from leakagelib.experiments.cvb import side_by_side
+def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
+    """cvb_common.cvb_attack: presets by id with the CVB protocol's overrides, nothing re-built."""
+    from leakagelib.attacks import Cosine, Gaussian, TotalVariation
+    from leakagelib.experiments.cvb_common import ATTACK, cvb_attack
 
-    ours = [{"position": 3, "ssim": 0.4}, {"position": 1, "ssim": 0.2}]
-    paper = {(3,): {"ssim": 0.63}, (2,): {"ssim": 0.23}}
-    record = {"scale": "paper", "rows": [{"position": 2, "ssim": 0.25}]}
-    rows = side_by_side(ours, paper, key=("position",), columns=("ssim",), record=record)
-    assert [r["position"] for r in rows] == [3, 1, 2]
-    assert rows[0] == {"position": 3, "ssim paper": 0.63, "ssim paper-run": "-", "ssim ci": 0.4}
-    assert rows[2] == {"position": 2, "ssim paper": 0.23, "ssim paper-run": 0.25, "ssim ci": "-"}
-    plain = side_by_side(ours, paper, key=("position",), columns=("ssim",))
-    assert "ssim paper-run" not in plain[0]
+    ci, paper = ATTACK.at("ci"), ATTACK.at("paper")
+    ig = cvb_attack("inverting-gradients", paper, tv=0.1, include=["conv1.conv.weight"])
+    assert ig.name == "inverting-gradients" and isinstance(ig.likelihood, Cosine)
+    assert isinstance(ig.prior, TotalVariation) and ig.labels == "given"
+    assert (ig.config.steps, ig.config.lr, ig.config.beta) == (20_000, 1.0, 0.1)
+    assert ig.config.signed and ig.config.box and ig.config.schedule == "step"
+    assert ig.likelihood.layers.include == ["conv1.conv.weight"]
+    idlg = cvb_attack("idlg", ci, tv=0.1)
+    assert isinstance(idlg.likelihood, Gaussian) and idlg.likelihood.sigma == 1.0
+    assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
+    assert idlg.config.optimizer == "lbfgs" and idlg.config.box and idlg.labels == "given"
+    cpl = cvb_attack("cpl", paper, tv=0.1, steps=7, lr=0.5)
+    assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "pattern")
+    assert not cpl.config.box and cpl.labels == "given"
+    with pytest.raises(ValueError, match="unknown attack 'dlg'"):
+        cvb_attack("dlg", ci, tv=0.1)
+
+
+def test_cvb_experiments_store_their_config_and_the_papers_rows() -> None:
+    """Every cvb/* experiment: protocol values in its config, reference rows keyed like its rows."""
+    from leakagelib import experiments, reporting
+    from leakagelib.experiments.cvb_common import ATTACK, TRAINING
+
+    ids = [i for i in experiments.available() if i.startswith("cvb/")]
+    assert len(ids) == 8
+    for experiment_id in ids:
+        exp = experiments.get(experiment_id)
+        assert exp.datasets, experiment_id
+        assert set(exp.config.ci) & (set(ATTACK.ci) | set(TRAINING.ci)), experiment_id
+        assert all(key in exp.config.sources for key in exp.config.ci), experiment_id
+        for row in exp.reference:
+            assert set(row) <= set(exp.row_keys), (experiment_id, row)
+    table2 = experiments.get("cvb/table2-placement").config
+    assert table2.at("ci").victims == 2 and table2.at("paper").rounds == 300
+    run = {"rows": [{"position": 0, "parameters": 65_962, "ssim": 0.4}]}
+    shown = reporting.compare(
+        "cvb/table2-placement", run, on=("position",), values=("parameters", "ssim"), record=None
+    ).rows
+    assert shown[0]["parameters (paper)"] == shown[0]["parameters (this run)"] == 65_962
+    assert shown[0]["ssim (paper)"] == reporting.MISSING and shown[0]["ssim (this run)"] == 0.4
+    assert [r["position"] for r in shown] == [0, 3, 2, 1]
 
 
 def test_gradient_trace_follows_the_attack_and_overrides_apply() -> None:
-    """cvb.gradient_trace (CVB Fig. 6) sees every iterate; steps and callback reach the loop."""
-    from leakagelib.experiments import cvb
-    from leakagelib.experiments.registry import Context
+    """cvb_analysis.gradient_trace (CVB Fig. 6) sees every iterate; steps and callback reach it."""
+    from leakagelib.experiments.cvb_analysis import attack_ssim, gradient_trace, victims
+    from leakagelib.experiments.cvb_common import PRECODE_TABLE2, cnn
 
-    ctx = Context(scale="ci", progress=False)
-    images, labels, norm = cvb.victims(ctx, "mnist", 2)
-    model = cvb.cnn(ctx, {**cvb.PRECODE_TABLE2, "position": 3})
-    trace = cvb.gradient_trace(ctx, model, images, labels, norm, steps=3)
+    images, labels, norm = victims("mnist", 2, scale="ci", seed=0)
+    assert images.shape == (2, *SHAPE) and norm.mean == (norm.mean[0],) * 3
+    model = cnn({**PRECODE_TABLE2, "position": 3}, seed=0)
+    trace = gradient_trace(model, images, labels, norm, steps=3)
     assert {"conv1.conv", "precode.encoder", "precode.decoder", "head"} <= set(trace)
     assert all(v.shape == (3,) and torch.isfinite(v).all() for v in trace.values())
     seen: list[int] = []
-    ssim, recon = cvb.attack_ssim(
-        ctx, model, images, labels, norm, steps=2, lr=0.5, callback=lambda t, _: seen.append(t)
+    ssim, recon = attack_ssim(
+        model, images, labels, norm, steps=2, lr=0.5, callback=lambda t, _: seen.append(t)
     )
     assert seen == [0, 1] and ssim.shape == (2,) and recon.shape == images.shape
+
+
+def test_attack_ssim_is_fixed_by_its_seed_and_offset() -> None:
+    """cvb_analysis.attack_ssim draws noise and initialisation from seed and offset only."""
+    from leakagelib.experiments.cvb_analysis import attack_ssim, victims
+    from leakagelib.experiments.cvb_common import CVB_DEFAULT, cnn
+
+    images, labels, norm = victims("cifar10", 2, scale="ci", seed=0)
+    model = cnn(CVB_DEFAULT, seed=0)
+
+    def ssim(**seeding: int) -> torch.Tensor:
+        return attack_ssim(model, images, labels, norm, tv=0.1, steps=2, **seeding)[0]
+
+    assert torch.equal(ssim(seed=3), ssim(seed=3))
+    assert not torch.equal(ssim(seed=3), ssim(seed=4))
+    assert not torch.equal(ssim(seed=3), ssim(seed=3, offset=1))
 
 
 def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
@@ -296,10 +345,9 @@ def test_dp_noise_lowers_closed_form_psnr_and_epsilon() -> None:
     from leakagelib import metrics
     from leakagelib.attacks import closed_form
     from leakagelib.defenses import DPSGD, epsilon_spent
-    from leakagelib.experiments import cvb
-    from leakagelib.experiments.registry import Context
+    from leakagelib.experiments.cvb_analysis import victims
 
-    images, labels, norm = cvb.victims(Context(scale="ci", progress=False), "mnist", 2)
+    images, labels, norm = victims("mnist", 2, scale="ci", seed=0)
     x = norm.normalize(images).double()
     torch.manual_seed(0)
     mlp = models.build("mlp", in_shape=SHAPE, num_classes=10, widths=(100,)).double()
@@ -349,28 +397,26 @@ def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path,
 
 def test_table3_paper_branch_runs_on_both_datasets(tmp_path, monkeypatch):
     """cvb/table3-attacks through its paper-scale code (both datasets, MNIST resized to the
-    authors' 3×32×32, every attack and defense), with victims, attack steps and FL rounds shrunk."""
+    authors' 3×32×32, every attack and defense), with victims and attack steps shrunk."""
     import numpy as np
 
     from leakagelib import data, experiments
-    from leakagelib.experiments import cvb
+    from leakagelib.experiments import cvb_defenses
+    from leakagelib.experiments.cvb_common import ATTACKS
 
     paths = {}
     for logical, spec in (("mnist", "digits28"), ("cifar10", "patches")):
         images, labels, _ = data.load(spec, n=160, split="all", shuffle=False)
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
-    victims, preset, setup = cvb.victims, cvb.attack_preset, cvb.fl_setup
+    load, attack = cvb_defenses.load_victims, cvb_defenses.cvb_attack
+    monkeypatch.setattr(cvb_defenses, "load_victims", lambda ctx, logical, n: load(ctx, logical, 2))
     monkeypatch.setattr(
-        cvb, "victims", lambda ctx, logical, n, **kw: victims(ctx, logical, 2, **kw)
+        cvb_defenses, "cvb_attack", lambda *a, **kw: attack(*a, **kw).with_config(steps=2)
     )
-    monkeypatch.setattr(
-        cvb, "attack_preset", lambda ctx, a, **kw: preset(ctx, a, **kw).with_config(steps=2)
-    )
-    monkeypatch.setattr(cvb, "fl_setup", lambda ctx: {**setup(ctx), "rounds": 1, "patience": None})
     record = experiments.run("cvb/table3-attacks", "paper", data=paths, progress=False)
     keys = {(r["dataset"], r["defense"], r["attack"]) for r in record["rows"]}
     assert keys == {
-        (d, f, a) for d in ("mnist", "cifar10") for f in ("none", "cvb") for a in cvb.ATTACKS
+        (d, f, a) for d in ("mnist", "cifar10") for f in ("none", "cvb") for a in ATTACKS
     }
     assert record["scale"] == "paper" and record["data"]["mnist"]["spec"] == paths["mnist"]

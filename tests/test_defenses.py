@@ -9,7 +9,7 @@ import torch
 from opacus.accountants import RDPAccountant
 from torch import nn
 
-from leakagelib import metrics, models
+from leakagelib import metrics
 from leakagelib.attacks import AttackConfig, TotalVariation, image_bounds
 from leakagelib.attacks.likelihoods import Cosine, Gaussian
 from leakagelib.defenses import (
@@ -26,9 +26,8 @@ from leakagelib.defenses.ats import POLICY_TABLE, _magnitude, parse_policy
 from leakagelib.defenses.compression import prune_smallest
 from leakagelib.defenses.dpsgd import clip_per_sample
 from leakagelib.defenses.soteria import soteria_scores
-from leakagelib.experiments.defenses import soteria_attack_setup, soteria_attacks, soteria_case
-from leakagelib.experiments.registry import Context, available, get, run
-from leakagelib.fl import train
+from leakagelib.experiments import Context, ScaleConfig
+from leakagelib.experiments.bayes_soteria import FIG5, trained_convbig
 from leakagelib.gradients import client_update, per_sample_updates
 
 
@@ -298,16 +297,14 @@ def test_ats_augmentation_is_seeded_and_changes_images() -> None:
 
 def _soteria_digits(hidden: tuple[int, int], n: int):
     """ConvBig of the given widths, trained 10 steps on the 8×8 digits, and n client images."""
-    ctx = Context(scale="ci", progress=False)
-    images, labels, norm, train_x, train_y = soteria_case(ctx, n)
-    torch.manual_seed(0)
-    net = models.build("convbig", in_shape=(1, 8, 8), num_classes=10, hidden=hidden)
-    net = train(net, train_x, train_y, steps=10, batch_size=32, seed=0).model
-    return ctx, net, images, labels, norm
+    config = ScaleConfig(ci={**FIG5.ci, "hidden": hidden}, paper=FIG5.paper)
+    ctx = Context(scale="ci", progress=False, settings=config)
+    images, labels, norm, trained = trained_convbig(ctx, n, [10])
+    return trained.model, images, labels, norm
 
 
 def test_layer_drop_attack_beats_the_direct_attack_and_finds_the_defended_layer() -> None:
-    ctx, net, images, labels, norm = _soteria_digits((64, 32), n=2)
+    net, images, labels, norm = _soteria_digits((64, 32), n=2)
     x = norm.normalize(images)
     soteria = Soteria("fc1.linear", pruning_rate=0.8)
     stacked = soteria.share(net, x, labels, per_image=True)
@@ -341,33 +338,3 @@ def test_layer_drop_attack_rejects_unknown_layers_and_clashing_extras(batch) -> 
         layer_drop_attack(net, update, extra={"3": Cosine()}, **args)
     one = layer_drop_attack(net, update, layers=["5"], **args)
     assert list(one.candidates) == ["5"] and one.chosen == ["5"]
-
-
-def test_soteria_attack_scales_and_the_fig3_images_of_precode() -> None:
-    kind, config = soteria_attack_setup(Context(scale="ci"))
-    assert kind == "gaussian" and config.steps == 200
-    kind, config = soteria_attack_setup(Context(scale="paper"))
-    assert (kind, config.steps, config.lr, config.beta) == ("cosine", 4000, 0.1, 4e-4)
-    record = run("bayes/precode-mlp", "ci", progress=False)
-    shown = torch.tensor(record["figure3"]["reconstruction"])
-    original = torch.tensor(record["figure3"]["original"])
-    assert shown.shape == original.shape == (8, 3, 32, 32)
-    assert torch.allclose(shown, original, atol=1e-3)  # the closed form is exact
-    assert "bayes/fig5-soteria-layers" in available()
-    assert get("bayes/fig5-soteria-layers").row_keys == ("defended", "attack", "psnr")
-
-
-def test_the_layer_drop_attack_does_not_depend_on_the_pruning_rate() -> None:
-    ctx, net, images, labels, norm = _soteria_digits((64, 32), n=1)
-    x = norm.normalize(images)
-    _, config = soteria_attack_setup(ctx)
-    config = config.with_(steps=20)
-    recons = []
-    for rate in (0.5, 0.95):
-        soteria = Soteria("fc1.linear", pruning_rate=rate, attack="gaussian")
-        update = soteria.share(net, x, labels, per_image=True)
-        out = soteria_attacks(
-            ctx, net, update, x, labels, norm, {"drop": soteria.likelihood()}, config
-        )
-        recons.append(out["drop"][1])
-    assert torch.equal(recons[0], recons[1])  # the attack never reads the pruned layer

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leakagelib.data import load
-from leakagelib.experiments import run
-from leakagelib.gradients import client_update
+from leakagelib.gradients import client_update, stack_updates
 from leakagelib.models import build
 from leakagelib.rgap.constraints import (
     ConvGeometry,
@@ -29,10 +28,9 @@ from leakagelib.rgap.constraints import (
     padding_matrix,
     weight_matrix,
 )
-from leakagelib.rgap.hgap import hgap, rgap_then_dlg, roughness
 from leakagelib.rgap.mu import C_MIN, MU_STAR, mu_dl_dmu, mu_roots
 from leakagelib.rgap.rank import rank_analysis
-from leakagelib.rgap.recursive import rgap
+from leakagelib.rgap.recursive import RGAPDetails, rgap
 from leakagelib.rgap.solve import exact_rank
 
 SHAPE = (3, 32, 32)
@@ -52,6 +50,14 @@ def _attack_setup(name: str, shape=SHAPE, image=None, seed: int = 0, flip: bool 
     y = (-1 if out > 0 else 1) * (-1 if flip else 1)
     update = client_update(model, x, torch.tensor([y]), loss="logistic")
     return model, x, y, update
+
+
+def _rgap_one(model, update, label, shape, **options) -> RGAPDetails:
+    """R-GAP on one update (a stack of one): the update's details."""
+    labels = None if label is None else [label]
+    result = rgap(model, stack_updates([update]), labels, input_shape=shape, **options)
+    assert torch.equal(result.inputs(), result.details[0].image)
+    return result.details[0]
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +157,7 @@ def test_equation_10_holds(cnn6_case):
 
 def test_rgap_recovers_cnn6_image(cnn6_case):
     model, x, y, update = cnn6_case
-    result = rgap(model, update, y, in_shape=SHAPE)
+    result = _rgap_one(model, update, y, SHAPE)
     assert len(result.mus) == 1 and result.mus[0] < 0
     assert float(((result.image - x) ** 2).mean()) < 1e-8
     assert [r.name for r in result.layers] == [f"conv{i}" for i in range(1, 7)] + ["fc"]
@@ -160,7 +166,7 @@ def test_rgap_recovers_cnn6_image(cnn6_case):
 
 def test_rgap_fails_on_cnn6d_and_exact_rank_predicts_it():
     model, x, y, update = _attack_setup("cnn6-d")
-    result = rgap(model, update, y, in_shape=SHAPE)
+    result = _rgap_one(model, update, y, SHAPE)
     assert float(((result.image - x) ** 2).mean()) > 1e-4
     conv2 = result.layers[1]
     assert (conv2.unknowns, conv2.rank) == (3468, 3188)
@@ -169,27 +175,6 @@ def test_rgap_fails_on_cnn6d_and_exact_rank_predicts_it():
     analysis = rank_analysis(model, SHAPE, exact=True, image=x.float())
     assert analysis.local_deficiency == 280
     assert [c.deficiency for c in analysis.layers].index(280) == 1
-
-
-def test_rgap_then_dlg_no_worse_than_rgap_on_cnn6d():
-    """Measured (seed 0, 2 L-BFGS steps): R-GAP 0.463513 → R-GAP → DLG 0.463507."""
-    model, x, y, update = _attack_setup("cnn6-d")
-    start = rgap(model, update, y, in_shape=SHAPE).image
-    mse_rgap = float(((start - x) ** 2).mean())
-    stacked = {k: v[None] for k, v in update.items()}
-    refined = rgap_then_dlg(
-        model,
-        stacked,
-        torch.tensor([y]),
-        start.reshape(1, *SHAPE),
-        in_shape=SHAPE,
-        steps=2,
-        generator=torch.Generator().manual_seed(0),
-    )
-    assert refined.shape == (1, *SHAPE)
-    assert float(((refined.double() - x) ** 2).mean()) <= mse_rgap
-    with pytest.raises(ValueError, match="rgap_images"):
-        rgap_then_dlg(model, stacked, torch.tensor([y]), start, in_shape=(1, 28, 28), steps=1)
 
 
 def test_exact_rank_cnn6_full():
@@ -204,7 +189,7 @@ def test_twin_data_is_a_scaled_copy_with_the_same_update():
     model, x, y, update = _attack_setup("cnn6", shape=(1, 16, 16), image=_image()[:, :1, :16, :16])
     # a label with μ > 0 leaves two roots: the real image and its twin
     update = client_update(model, x, torch.tensor([-y]), loss="logistic")
-    result = rgap(model, update, -y, in_shape=(1, 16, 16))
+    result = _rgap_one(model, update, -y, (1, 16, 16))
     assert len(result.candidates) == 2
     errors = [float(((c - x) ** 2).mean()) for c in result.candidates]
     assert min(errors) < 1e-10
@@ -224,7 +209,7 @@ def test_rgap_relu_and_sigmoid_chains():
         out = model(image).item()
         y = -1 if out > 0 else 1
         update = client_update(model, image, torch.tensor([y]), loss="logistic")
-        result = rgap(model, update, y, in_shape=(1, 12, 12))
+        result = _rgap_one(model, update, y, (1, 12, 12))
         assert float(((result.image - image) ** 2).mean()) < 1e-6, act
 
 
@@ -233,17 +218,17 @@ def test_rgap_fcn3_and_bad_input():
     model = build("fcn3", in_shape=(1, 8, 8), num_classes=1).double()
     x = load("digits", n=1, seed=0).images[:1].double()
     update = client_update(model, x, torch.tensor([1]), loss="logistic")
-    result = rgap(model, update, 1, in_shape=(1, 8, 8))
+    result = _rgap_one(model, update, 1, (1, 8, 8))
     assert float(((result.image - x) ** 2).mean()) < 1e-12
     with pytest.raises(ValueError, match="label"):
-        rgap(model, update, 0, in_shape=(1, 8, 8))
+        _rgap_one(model, update, 0, (1, 8, 8))
     multi = build("fcn3", in_shape=(1, 8, 8), num_classes=3).double()
     with pytest.raises(ValueError, match="one output"):
-        rgap(multi, dict(multi.named_parameters()), 1, in_shape=(1, 8, 8), loss="logistic")
+        _rgap_one(multi, dict(multi.named_parameters()), 1, (1, 8, 8), loss="logistic")
     with pytest.raises(ValueError, match="unknown loss"):
-        rgap(multi, dict(multi.named_parameters()), 1, in_shape=(1, 8, 8), loss="mse")
+        _rgap_one(multi, dict(multi.named_parameters()), 1, (1, 8, 8), loss="mse")
     with pytest.raises(ValueError, match="class index"):
-        rgap(multi, client_update(multi, x, torch.tensor([1])), 5, in_shape=(1, 8, 8))
+        _rgap_one(multi, client_update(multi, x, torch.tensor([1])), 5, (1, 8, 8))
 
 
 @pytest.mark.parametrize(("classes", "bias"), [(10, False), (10, True), (3, False)])
@@ -258,7 +243,7 @@ def test_rgap_cross_entropy_recovers_label_and_image(classes, bias):
     x = _image()
     label = classes - 1
     update = client_update(model, x, torch.tensor([label]), loss="ce")
-    result = rgap(model, update, in_shape=SHAPE)
+    result = _rgap_one(model, update, None, SHAPE)
     assert result.loss == "ce" and result.label == label
     assert len(result.candidates) == 1  # K ≥ 3: the softmax ratios fix the scale, no twin
     assert float(((result.image - x) ** 2).mean()) < 1e-12
@@ -267,7 +252,7 @@ def test_rgap_cross_entropy_recovers_label_and_image(classes, bias):
     margin = z[label] - torch.logsumexp(torch.cat([z[:label], z[label + 1 :]]), 0)
     assert abs(result.mu - float(margin)) < 1e-9
     # the label given explicitly gives the same image
-    given = rgap(model, update, label, in_shape=SHAPE)
+    given = _rgap_one(model, update, label, SHAPE)
     assert torch.allclose(given.image, result.image)
 
 
@@ -276,14 +261,14 @@ def test_rgap_cross_entropy_fcn_and_binary_twin():
     x = load("digits", n=1, seed=0).images[:1].double()
     fcn = build("fcn3", in_shape=(1, 8, 8), num_classes=10, bias=True).double()
     update = client_update(fcn, x, torch.tensor([3]), loss="ce")
-    result = rgap(fcn, update, in_shape=(1, 8, 8))
+    result = _rgap_one(fcn, update, None, (1, 8, 8))
     assert result.label == 3 and float(((result.image - x) ** 2).mean()) < 1e-20
     # K = 2 cross-entropy is the logistic loss in μ = z_y − z_j: two roots, real and twin
     torch.manual_seed(0)
     binary = build("cnn6", in_shape=SHAPE, num_classes=2).double()
     image = _image()
     update = client_update(binary, image, torch.tensor([1]), loss="ce")
-    result = rgap(binary, update, 1, in_shape=SHAPE)
+    result = _rgap_one(binary, update, 1, SHAPE)
     errors = sorted(float(((c - image) ** 2).mean()) for c in result.candidates)
     assert len(errors) == 2 and errors[0] < 1e-12 and errors[1] > 1.0
 
@@ -301,45 +286,6 @@ def test_skip_connection_rank_rules():
     assert other.ra_i == base.ra_i
     residual = [c for c in base.layers if c.kind == "residual"]
     assert len(residual) == 8
-
-
-def test_hgap_prefers_the_smoother_image():
-    gen = torch.Generator().manual_seed(0)
-    smooth = torch.linspace(0, 1, 16).repeat(1, 1, 16, 1)
-    noisy = smooth + 0.2 * torch.randn(smooth.shape, generator=gen)
-    assert float(roughness(smooth)[0]) < float(roughness(noisy)[0])
-    chosen, pick = hgap(torch.cat([smooth, noisy]), torch.cat([noisy, smooth]))
-    assert pick.tolist() == [True, False]
-    assert torch.equal(chosen, torch.cat([smooth, smooth]))
-    with pytest.raises(ValueError, match="shape"):
-        hgap(smooth, noisy[:, :, :8])
-
-
-def test_cheap_experiments_run_from_the_registry():
-    fig4 = run("rgap/fig4-resnet-skip", progress=False)["rows"]
-    ra = {row["model"]: row["ra_i"] for row in fig4}
-    assert ra["variant1"] > ra["resnet18"] == ra["variant2"]
-    # trained one epoch on the 10-class patches stand-in: well above chance (0.1);
-    # measured 0.72 / 0.71 / 0.52, IG's MSE after 24 steps about 0.10 for all three
-    assert all(row["accuracy"] > 0.3 for row in fig4)
-    assert all(0.0 < row["mse"] < 1.0 for row in fig4)
-    batch = run("rgap/appF-batch", progress=False)["rows"]
-    assert [row["batch_size"] for row in batch] == [2, 5]
-    assert all(row["fit_residual"] < 1e-10 for row in batch)
-
-
-def test_dlg_converges_to_the_twin_or_the_real_image_by_its_start():
-    """Appendix B, Fig. 5: DLG from near the twin ends on the twin, from near x on x.
-
-    Measured (ci, seed 0): starts t·x + noise with t ≤ 0.45 end 5e-6–6e-5 from
-    the twin (x̃ = 0.368·x), t ≥ 0.8 end 6e-6–5e-5 from x; t = 0.6 diverges.
-    """
-    rows = run("rgap/twin-dlg", progress=False)["rows"]
-    ray = [row for row in rows if row["start"] == "ray"]
-    assert all(row["converged"] == "twin" for row in ray if row["t"] <= 0.45)
-    assert all(row["converged"] == "real" for row in ray if row["t"] >= 0.8)
-    assert all(row["start_twin"] > 0.1 for row in ray if row["t"] <= 0.45)
-    assert 0.3 < rows[0]["twin_scale"] < 0.4
 
 
 def test_exact_rank_sparse_route_matches_the_dense_svd():

@@ -13,6 +13,7 @@ to know the tensor layout. Used by every chapter that runs an attack.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor
 
@@ -33,12 +34,15 @@ class AttackResult:
       posterior up to constants; for the bias attack, the fit residual);
     * ``all_images`` and ``all_objective``: every restart, ``H × N × R × ...``;
     * ``settings``: the :class:`Setting` of each of the ``H`` attacks;
-    * ``labels``: ``H × N × n`` label estimates when labels were optimised (DLG),
-      else ``None``;
+    * ``labels``: ``H × N × n`` label estimates when labels were optimised (DLG);
+      R-GAP reports the label each update used (given or recovered); else ``None``;
     * ``history``: the mean objective per step;
     * ``names``: optional unique names of the ``H`` settings (the attack ids
       when several attacks run as settings of one batch), so that accessors
-      take ``setting="l2"`` as well as ``setting=1``.
+      take ``setting="l2"`` as well as ``setting=1``;
+    * ``details``: optional per-update details of a closed-form attack, one
+      entry per update (R-GAP's :class:`~leakagelib.rgap.recursive.RGAPDetails`:
+      per-layer reports with rank certificates, every μ-root's candidate).
 
     The accessors below take ``setting`` as an index or one of ``names``.
     """
@@ -51,6 +55,7 @@ class AttackResult:
     labels: Tensor | None = None
     history: list[float] = field(default_factory=list)
     names: list[str] | None = None
+    details: list[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.names is not None:
@@ -60,6 +65,38 @@ class AttackResult:
                     f"names must be {self.images.shape[0]} unique names, one per setting, "
                     f"got {self.names}"
                 )
+        if self.details is not None and len(self.details) != self.images.shape[1]:
+            raise ValueError(
+                f"details must hold one entry per update ({self.images.shape[1]}), "
+                f"got {len(self.details)}"
+            )
+
+    @classmethod
+    def one_per_update(
+        cls,
+        images: Tensor,
+        objective: Tensor,
+        *,
+        labels: Tensor | None = None,
+        details: list[Any] | None = None,
+    ) -> AttackResult:
+        """A closed-form attack's result: one reconstruction per update (``H = R = n = 1``).
+
+        ``images`` are ``N × (input shape)``, ``objective`` ``N`` (the attack's
+        fit criterion), ``labels`` ``N`` when the attack reports them.
+        """
+        n = images.shape[0]
+        batched = images.reshape(1, n, 1, *images.shape[1:])
+        objective = objective.reshape(1, n)
+        return cls(
+            images=batched,
+            objective=objective,
+            all_images=batched.unsqueeze(2),
+            all_objective=objective.unsqueeze(2),
+            settings=[],
+            labels=None if labels is None else labels.reshape(1, n, 1),
+            details=details,
+        )
 
     @property
     def num_settings(self) -> int:

@@ -7,6 +7,7 @@ Importing this package imports every experiment module so the registry is full.
 from importlib import import_module
 from pkgutil import iter_modules
 
+from .case import Case, build_case
 from .config import ScaleConfig, Settings
 from .registry import Context, Experiment, available, experiment, get, run
 
@@ -18,11 +19,13 @@ for _info in iter_modules(__path__):
         import_module(f"{__name__}.{_info.name}")
 
 __all__ = [
+    "Case",
     "Context",
     "Experiment",
     "ScaleConfig",
     "Settings",
     "available",
+    "build_case",
     "experiment",
     "get",
     "run",

@@ -19,15 +19,15 @@ papers' single-image experiments; the defense's mechanism runs inside
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .. import metrics
-from ..attacks import Attack, AttackResult, image_bounds
+from ..attacks import Attack, AttackResult, image_bounds, run_together
 from ..data import Normalizer
 from ..defenses import GradientDefense, NoDefense
 from ..gradients import Update
@@ -74,17 +74,28 @@ class Case:
         return image_bounds(self.normalizer.mean, self.normalizer.std)
 
     def attack(
-        self, attack: Attack, *, generator: torch.Generator | None = None, **options: Any
+        self,
+        attack: Attack | Sequence[Attack],
+        *,
+        generator: torch.Generator | None = None,
+        **options: Any,
     ) -> AttackResult:
         """Run ``attack`` on every shared update (one batched program).
 
-        ``options`` go to :func:`leakagelib.attacks.reconstruct` (``settings``,
-        ``callback``, ``initial``, ...). Labels are the victims' true labels
-        unless the attack recovers or optimises its own.
+        Several attacks that share their loop (the Bayes attack and the
+        heuristic distances of the Bayes paper's Table 2) run together as
+        settings of that program, from the same starting points
+        (:func:`leakagelib.attacks.run_together`; ``settings=`` and ``names=``
+        among the ``options``). ``options`` go to
+        :func:`leakagelib.attacks.reconstruct` (``settings``, ``callback``,
+        ``initial``, ...). Labels are the victims' true labels unless the
+        attack recovers or optimises its own.
         """
-        return attack(
+        attacks = [attack] if isinstance(attack, Attack) else list(attack)
+        return run_together(
             self.model,
             self.updates,
+            attacks,
             labels=self.labels.to(self.device),
             input_shape=self.input_shape,
             bounds=self.bounds,
@@ -93,15 +104,32 @@ class Case:
             **options,
         )
 
+    def first(self, n: int) -> Case:
+        """The same scenario with only its first ``n`` victims (the Bayes paper tunes on these)."""
+        if not 1 <= n <= len(self.labels):
+            raise ValueError(
+                f"n must be between 1 and the {len(self.labels)} victims of the case, got {n}"
+            )
+        updates = {k: v[:n] for k, v in self.updates.items()}
+        return replace(self, images=self.images[:n], labels=self.labels[:n], updates=updates)
+
     def reconstructions(self, result: AttackResult, setting: int | str = 0) -> Tensor:
         """The reconstructions of ``setting`` as images in [0, 1] on the CPU (N × C × H × W)."""
         return self.normalizer.denormalize(result.inputs(setting).detach().cpu())
 
     def score(self, result: AttackResult, metric: str = "psnr", setting: int | str = 0) -> Tensor:
         """The per-victim ``metric`` (a name of :data:`METRICS`) of ``setting``'s reconstructions."""
+        return self.score_images(self.reconstructions(result, setting), metric)
+
+    def score_images(self, images: Tensor, metric: str = "psnr") -> Tensor:
+        """The per-victim ``metric`` of ``images`` (N × C × H × W in [0, 1], one per victim).
+
+        For reconstructions that do not come as an :class:`AttackResult` (the
+        candidates of :func:`~leakagelib.defenses.layer_drop_attack`, say).
+        """
         if metric not in METRICS:
             raise KeyError(f"unknown metric {metric!r}; use one of {sorted(METRICS)}")
-        return METRICS[metric](self.reconstructions(result, setting), self.images.cpu())
+        return METRICS[metric](images, self.images.cpu())
 
 
 def build_case(
@@ -120,10 +148,13 @@ def build_case(
     The updates are computed on ``device`` in one vectorised call
     (``defense.share(..., per_image=True)``) and kept there; ``defense``
     defaults to :class:`~leakagelib.defenses.NoDefense` (the plain gradient).
+    The normalised images enter the model in its own floating-point type (a
+    float64 model for the exact closed-form attacks sees float64 inputs).
     """
     defense = defense if defense is not None else NoDefense()
     model = model.to(device)
-    x = normalizer.normalize(images).to(device)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    x = normalizer.normalize(images).to(device=device, dtype=dtype)
     y = labels.to(device)
     updates = defense.share(model, x, y, generator, per_image=True, loss=loss)
     return Case(

@@ -11,19 +11,26 @@
   blocks, and the exact per-layer rank;
 * :mod:`.hgap` — H-GAP, DLG in R-GAP's logistic setting, and R-GAP → DLG.
 
+The attacks (:func:`rgap`, :func:`hgap`, :func:`rgap_then_dlg`,
+:func:`dlg_logistic`) take stacked updates (leading dimension N), N labels and
+``input_shape``, and return an :class:`~leakagelib.attacks.AttackResult`.
 Chapters "Closed-form attacks", "Rank analysis" and "Twin data" use them.
 """
 
+from .hgap import dlg_logistic, hgap, rgap_then_dlg
 from .mu import mu_dl_dmu, mu_roots
 from .rank import RankAnalysis, exact_ranks, rank_analysis
-from .recursive import RGAPResult, rgap
+from .recursive import RGAPDetails, rgap
 
 __all__ = [
-    "RGAPResult",
+    "RGAPDetails",
     "RankAnalysis",
+    "dlg_logistic",
     "exact_ranks",
+    "hgap",
     "mu_dl_dmu",
     "mu_roots",
     "rank_analysis",
     "rgap",
+    "rgap_then_dlg",
 ]

@@ -26,6 +26,7 @@ finding k_d and z_d, the label read off the gradient —, see
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,26 +34,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..attacks.result import AttackResult
 from ..gradients import Update, check_update
 from .chain import Stage, chain_of, inverse
 from .constraints import (
-    LayerConstraints,
-    gradient_block,
-    gradient_rhs,
     layer_constraints,
     weight_matrix,
 )
 from .last_layer import LOSSES, Start, ce_last_layer, logistic_starts, margin, signed_label
-from .solve import (
-    Solution,
-    exact_rank,
-    least_squares,
-    projected_solve,
-    split_gradient,
-    weight_only_solve,
-)
+from .solve import SOLVERS, exact_rank, solve_layer
 
-__all__ = ["SOLVERS", "LayerReport", "RGAPResult", "rgap", "select_candidate"]
+__all__ = ["SOLVERS", "LayerReport", "RGAPDetails", "rgap", "select_candidate"]
 
 
 @dataclass
@@ -81,8 +73,8 @@ class LayerReport:
 
 
 @dataclass
-class RGAPResult:
-    """R-GAP's reconstruction, with every μ-candidate (real and twin) it followed.
+class RGAPDetails:
+    """What R-GAP found for one update: its image, and every μ-candidate (real and twin) it followed.
 
     ``label`` is the label used (±1 for the logistic loss, the class index —
     given or recovered from the gradient — for cross-entropy) and ``loss`` the
@@ -116,48 +108,6 @@ def _bias_map(stage: Stage, model_params: dict[str, Tensor]) -> np.ndarray:
     return np.repeat(b, per)
 
 
-SOLVERS = ("auto", "stacked", "dense")
-
-#: Largest number of free directions (C_in × dim null(B)) for which the projected
-#: dense solve is used; beyond it the sparse stacked solve is cheaper.
-PROJECTED_MAX_FREE = 4000
-
-
-def _solve_layer(system: LayerConstraints, k: np.ndarray, solver: str) -> Solution:
-    """Solve one layer's constraints by the fastest exact route (see :mod:`.solve`)."""
-    geom = system.geometry
-    if solver == "auto":
-        block = gradient_block(geom, k)
-        hw = geom.height * geom.width
-        split = None
-        if block.shape[0] >= hw:  # B can have full column rank only if it is tall
-            split = split_gradient(block, gradient_rhs(geom, system.grad))
-        # B (hence K) of full column rank, or W of full column rank (a
-        # non-singular factor), certifies that the layer is full rank
-        if split is not None and split.null.shape[1] == 0:
-            sol = Solution(split.particular.T.ravel(), "per-channel", rank=geom.n_in)
-            return _finish(system, sol)
-        x = weight_only_solve(system.weight, system.z)
-        if x is not None:
-            return _finish(system, Solution(x, "weight-only", rank=geom.n_in))
-        if split is None and geom.in_channels * (hw - block.shape[0]) <= PROJECTED_MAX_FREE:
-            split = split_gradient(block, gradient_rhs(geom, system.grad))
-        if split is not None and geom.in_channels * split.null.shape[1] <= PROJECTED_MAX_FREE:
-            x, rank = projected_solve(system.weight, system.z, split, geom.in_channels)
-            return _finish(system, Solution(x, "projected", rank=rank))
-        sol = least_squares(system.matrix, system.rhs)
-    else:
-        sol = least_squares(system.matrix, system.rhs, dense=solver == "dense")
-    return _finish(system, sol)
-
-
-def _finish(system: LayerConstraints, sol: Solution) -> Solution:
-    """Attach the relative residual of the layer's full stacked system."""
-    a, b = system.matrix, system.rhs
-    sol.residual = float(np.linalg.norm(a @ sol.x - b) / max(np.linalg.norm(b), 1e-300))
-    return sol
-
-
 def _recurse(
     stages: list[Stage],
     params: dict[str, Tensor],
@@ -188,7 +138,7 @@ def _recurse(
             _numpy(update[stage.weight_key]),
             weight_rows=rows,
         )
-        sol = _solve_layer(system, k, solver)
+        sol = solve_layer(system, k, solver)
         x = sol.x
         if diagnostics:
             sol.rank, sol.condition = exact_rank(system.matrix)
@@ -294,7 +244,7 @@ def _attack_one(
     loss: str,
     mu: float | None,
     **recursion: Any,
-) -> RGAPResult:
+) -> RGAPDetails:
     """R-GAP on one single-image update: step 1, then the recursion from every start.
 
     ``recursion`` holds :func:`_recurse`'s ``solver``, ``diagnostics`` and
@@ -310,7 +260,7 @@ def _attack_one(
         reports.append(rep)
     mus = tuple(m for m, _, _ in starts)
     best = select_candidate(candidates)
-    return RGAPResult(
+    return RGAPDetails(
         image=candidates[best],
         mu=mus[best],
         layers=reports[best],
@@ -322,51 +272,82 @@ def _attack_one(
     )
 
 
+def _label_list(labels: Tensor | Sequence[int | float] | None, n: int) -> list:
+    """One label (or None) per update, checked against the number of updates."""
+    if labels is None:
+        return [None] * n
+    if isinstance(labels, (int, float)) or (isinstance(labels, Tensor) and labels.dim() == 0):
+        raise ValueError(
+            f"labels must hold one label per update, got the single value {labels!r}; "
+            "for one update pass a list or tensor of one label, e.g. [1]"
+        )
+    if isinstance(labels, Tensor):
+        labels = labels.reshape(-1)
+    if len(labels) != n:
+        raise ValueError(
+            f"labels must hold one label per update ({n}), got {len(labels)}; "
+            "pass labels=None to recover cross-entropy labels from the updates"
+        )
+    return list(labels)
+
+
 def rgap(
     model: nn.Module,
-    update: Update,
-    label: int | float | Tensor | None = None,
+    updates: Update,
+    labels: Tensor | Sequence[int | float] | None = None,
     *,
-    in_shape: tuple[int, int, int],
+    input_shape: tuple[int, int, int],
     loss: str | None = None,
     mu: float | None = None,
     solver: str = "auto",
     diagnostics: bool = False,
     fc_weight_constraints: bool = True,
-) -> RGAPResult:
-    """Reconstruct the input of a single-image ``update`` of ``model``.
+) -> AttackResult:
+    """R-GAP on every single-image update of the stacked ``updates`` (leading dimension N).
 
     ``loss`` is "logistic" (the paper's binary setting, one output logit) or
     "ce" (cross-entropy over K ≥ 2 outputs); by default it is "logistic" for
-    one output and "ce" otherwise. For the logistic loss ``label`` is
-    y ∈ {-1, +1} (R-GAP assumes it known or read off the gradient's sign,
-    §3.1.1). For cross-entropy it is the class index, or None to recover it
-    from the last layer's gradient (see :func:`~leakagelib.rgap.last_layer.ce_last_layer`,
-    which also derives the cross-entropy step 1). ``mu`` (logistic only) skips the
-    root-finding (e.g. to follow one root only);
-    otherwise every root is followed and ``candidates`` holds one image per
-    root, ``image`` the one :func:`select_candidate` picks. ``diagnostics`` adds
-    each layer's rank and condition number (a dense n×n Gram matrix: small nets).
-    ``fc_weight_constraints=False`` uses only the gradient constraints in fully
-    connected layers, as the authors' code does (Appendix F's batch case).
-    ``solver``: "auto" (the fastest exact route per layer, see
-    :mod:`leakagelib.rgap.solve`), "stacked" (all constraints, sparse least
-    squares) or "dense" (``np.linalg.lstsq``, the authors' choice; slow).
+    one output and "ce" otherwise. ``labels`` holds one label per update: for
+    the logistic loss y ∈ {-1, +1} (R-GAP assumes it known or read off the
+    gradient's sign, §3.1.1); for cross-entropy the class index, or
+    ``labels=None`` to recover each from its update's last layer (see
+    :func:`~leakagelib.rgap.last_layer.ce_last_layer`). ``mu`` (logistic
+    only) skips the root-finding for every update (e.g. to follow one root
+    only). ``diagnostics`` adds each layer's rank and condition number (a
+    dense n×n Gram matrix: small nets). ``fc_weight_constraints=False`` uses
+    only the gradient constraints in fully connected layers, as the authors'
+    code does (Appendix F's batch case). ``solver``: "auto" (the fastest exact
+    route per layer, see :mod:`leakagelib.rgap.solve`), "stacked" (all
+    constraints, sparse least squares) or "dense" (``np.linalg.lstsq``, the
+    authors' choice; slow).
+
+    The updates' systems differ, so they are solved one after the other. The
+    :class:`~leakagelib.attacks.AttackResult` has one setting, restart and input
+    per update: ``inputs()`` the N×C×H×W float64 reconstructions, ``objective``
+    the largest relative residual of a layer's system, ``labels`` (1×N×1) the
+    label each update used, ``details`` one :class:`RGAPDetails` per update
+    (per-layer reports and rank certificates, every μ-root's candidate, seconds).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
-    check_update(model, update)
-    stages, loss = _chain(model, in_shape, loss)
-    params = {n: p for n, p in model.named_parameters()}
-    return _attack_one(
-        stages,
-        params,
-        update,
-        label,
-        in_shape=in_shape,
-        loss=loss,
-        mu=mu,
-        solver=solver,
-        diagnostics=diagnostics,
-        fc_weight_constraints=fc_weight_constraints,
+    n = check_update(model, updates, stacked=True)
+    per_update = _label_list(labels, n)
+    stages, loss = _chain(model, input_shape, loss)
+    params = {name: p for name, p in model.named_parameters()}
+    step1 = {"in_shape": input_shape, "loss": loss, "mu": mu}
+    recursion = dict(
+        solver=solver, diagnostics=diagnostics, fc_weight_constraints=fc_weight_constraints
+    )
+    details = [
+        _attack_one(
+            stages, params, {k: v[i] for k, v in updates.items()}, label, **step1, **recursion
+        )
+        for i, label in enumerate(per_update)
+    ]
+    residual = [max(layer.residual for layer in found.layers) for found in details]
+    return AttackResult.one_per_update(
+        torch.cat([found.image for found in details]).reshape(n, *input_shape),
+        torch.tensor(residual, dtype=torch.float64),
+        labels=torch.tensor([int(found.label) for found in details]),
+        details=details,
     )

@@ -21,7 +21,9 @@ constraints of full column rank gives the same x; the routes, fastest first:
 
 The stacked solve (or its dense ``np.linalg.lstsq`` variant, the reference)
 is also what noisy updates want: it averages over every constraint.
-:func:`exact_rank` gives a layer's rank and condition number. The benchmark ``benchmarks/rgap_speed.py`` times them.
+:func:`solve_layer` takes the fastest route for one layer (what
+:func:`~leakagelib.rgap.recursive.rgap` calls) and :func:`exact_rank` gives a
+layer's rank and condition number. The benchmark ``benchmarks/rgap_speed.py`` times them.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .constraints import LayerConstraints, gradient_block, gradient_rhs
+
 __all__ = [
+    "SOLVERS",
     "Solution",
     "exact_rank",
     "least_squares",
     "GradientSplit",
     "gram_lstsq",
     "projected_solve",
+    "solve_layer",
     "split_gradient",
     "weight_only_solve",
 ]
@@ -260,3 +266,51 @@ def exact_rank(a: sp.spmatrix | np.ndarray) -> tuple[int, float]:
         return 0, float("inf")
     keep = eig > eig[-1] * tol
     return int(keep.sum()), float(np.sqrt(eig[-1] / eig[keep][0]))
+
+
+#: The per-layer solvers :func:`solve_layer` (and :func:`~leakagelib.rgap.recursive.rgap`) take.
+SOLVERS = ("auto", "stacked", "dense")
+
+#: Largest number of free directions (C_in × dim null(B)) for which the projected
+#: dense solve is used; beyond it the sparse stacked solve is cheaper.
+PROJECTED_MAX_FREE = 4000
+
+
+def solve_layer(system: LayerConstraints, k: np.ndarray, solver: str) -> Solution:
+    """Solve one layer's constraints (k: the layer's output gradient) by the fastest exact route.
+
+    ``solver`` "auto" tries the routes of the module docstring, fastest first;
+    "stacked" and "dense" solve the whole stacked system (:func:`least_squares`).
+    The solution carries the relative residual of the layer's full system.
+    """
+    geom = system.geometry
+    if solver == "auto":
+        block = gradient_block(geom, k)
+        hw = geom.height * geom.width
+        split = None
+        if block.shape[0] >= hw:  # B can have full column rank only if it is tall
+            split = split_gradient(block, gradient_rhs(geom, system.grad))
+        # B (hence K) of full column rank, or W of full column rank (a
+        # non-singular factor), certifies that the layer is full rank
+        if split is not None and split.null.shape[1] == 0:
+            sol = Solution(split.particular.T.ravel(), "per-channel", rank=geom.n_in)
+            return _finish(system, sol)
+        x = weight_only_solve(system.weight, system.z)
+        if x is not None:
+            return _finish(system, Solution(x, "weight-only", rank=geom.n_in))
+        if split is None and geom.in_channels * (hw - block.shape[0]) <= PROJECTED_MAX_FREE:
+            split = split_gradient(block, gradient_rhs(geom, system.grad))
+        if split is not None and geom.in_channels * split.null.shape[1] <= PROJECTED_MAX_FREE:
+            x, rank = projected_solve(system.weight, system.z, split, geom.in_channels)
+            return _finish(system, Solution(x, "projected", rank=rank))
+        sol = least_squares(system.matrix, system.rhs)
+    else:
+        sol = least_squares(system.matrix, system.rhs, dense=solver == "dense")
+    return _finish(system, sol)
+
+
+def _finish(system: LayerConstraints, sol: Solution) -> Solution:
+    """``sol`` with the relative residual of the layer's full stacked system attached."""
+    a, b = system.matrix, system.rhs
+    sol.residual = float(np.linalg.norm(a @ sol.x - b) / max(np.linalg.norm(b), 1e-300))
+    return sol

@@ -1,0 +1,267 @@
+"""The protocol every CVB-paper experiment shares: victims, models, attacks, training, rows.
+
+CVB paper (Scheliga, Mäder, Seeland) §V, with values from the authors' code
+(dAI-SY-Group/ConvolutionalVariationalBottleneck): the attacked model is the
+*untrained* network (``ckpt: 0`` in ``configs/attacks/*.yaml``); each victim
+image is its own client (:func:`~leakagelib.experiments.case.build_case`),
+attacked with its label known. Inverting Gradients (IG): cosine distance, TV
+weight 0.01 (0.1 for the CVB CNN, ``configs/models/CNNCVB.yaml``), signed Adam
+with lr 1, N(0, 1) initialisation, iterates clipped to the image box; iDLG
+and CPL: the ℓ2 distance and L-BFGS (CPL from its patterned initialisation).
+Against PRECODE and CVB the "ignore" attack reads only the gradients before
+the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
+SSIM ≥ 0.5) use min–max rescaled images, as the authors' ``Scaled*`` metrics
+do. Utility is the test accuracy of FedAvg training
+(:func:`leakagelib.fl.federated_averaging`).
+
+The protocol's numbers at both scales are :data:`ATTACK` and :data:`TRAINING`;
+every experiment's config includes the parts it uses (:func:`cvb_config`). At
+ci scale everything is small (two images, 100 IG or 2×20 L-BFGS steps, two
+short federated rounds on the embedded stand-ins); MNIST is brought to the
+authors' 3×32×32 (resized, grey channel repeated). At paper scale: 128 victim
+images, 20,000 IG iterations (early stopping is not modelled), 300 rounds with
+patience 40.
+
+The experiments live in :mod:`.cvb_precode` (Tables I–II), :mod:`.cvb_defenses`
+(Tables III–IV, Fig. 9) and :mod:`.cvb_architectures` (Tables V–VII); the
+chapter "Variational bottlenecks" runs them and builds its own analyses with
+:mod:`.cvb_analysis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import metrics, models
+from ..attacks import Attack, AttackResult, preset
+from ..data import Normalizer
+from ..defenses import (
+    DPSGD,
+    GradientDefense,
+    apply_bottleneck_option,
+    attacked_parameters,
+    epsilon_spent,
+)
+from ..defenses.bottlenecks import bottlenecks
+from ..fl import federated_averaging
+from .case import Case, build_case
+from .config import ScaleConfig, Settings
+from .registry import Context
+
+__all__ = [
+    "ATTACK",
+    "ATTACKS",
+    "CVB_DEFAULT",
+    "PRECODE_TABLE2",
+    "SHAPE",
+    "TRAINING",
+    "Victims",
+    "attack_layers",
+    "client_epsilon",
+    "cnn",
+    "cvb_attack",
+    "cvb_config",
+    "fedavg_accuracy",
+    "load_victims",
+    "n_added",
+    "reference_rows",
+    "run_attack",
+    "ssim_row",
+    "to_rgb32",
+]
+
+#: The authors' input shape for every dataset (``configs/data/*.yaml``: [3, 32, 32]).
+SHAPE = (3, 32, 32)
+#: Table III's attacks by preset id (:data:`leakagelib.attacks.PRESETS`), as its rows name them.
+ATTACKS = ("idlg", "cpl", "inverting-gradients")
+#: The CVB chosen in §VI-A: position 1, kernel 5, scale 0.5 (the default K = C/2), β = 0.1.
+CVB_DEFAULT = {"kind": "cvb", "position": 1, "kernel_size": 5, "beta": 0.1}
+#: Table II's PRECODE: K = C/2 and no biases (which reproduces the table's parameter counts).
+PRECODE_TABLE2 = {"kind": "precode", "K": "adaptive", "bias": False}
+
+#: The attack protocol: victims per dataset and the attacks' loop budgets.
+ATTACK = ScaleConfig(
+    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "lbfgs_steps": 2, "lbfgs_lr": 0.1},
+    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "lbfgs_steps": 2_000, "lbfgs_lr": 0.01},
+    sources={
+        "victims": "§V-B: the victim set of 128 images per dataset",
+        "ig_steps": "§V-B: the attack's maximum number of iterations (early stopping not modelled)",
+        "ig_lr": "configs/attacks/IG.yaml: lr 1 (at ci also the stronger of 1 and 0.1)",
+        "lbfgs_steps": "ours: the paper gives no L-BFGS budget for iDLG and CPL",
+        "lbfgs_lr": "ours: the paper gives no L-BFGS step size for iDLG and CPL",
+    },
+)  # fmt: skip
+
+#: The federated training protocol behind every accuracy (§V-A).
+TRAINING = ScaleConfig(
+    ci={"clients": 2, "rounds": 2, "patience": None, "n_train": 256, "batch_size": 64,
+        "val_fraction": 0.1},
+    paper={"clients": 10, "rounds": 300, "patience": 40, "n_train": None, "batch_size": 64,
+           "val_fraction": 0.1},
+    sources={
+        "clients": "§V-A", "rounds": "§V-A", "patience": "§V-A: early stopping on validation loss",
+        "n_train": "§V-A: the whole training split (None)", "batch_size": "§V-A",
+        "val_fraction": "§V-A: every client's validation split",
+    },
+)  # fmt: skip
+
+
+def cvb_config(
+    *parts: ScaleConfig,
+    ci: dict[str, Any],
+    paper: dict[str, Any],
+    sources: dict[str, str],
+) -> ScaleConfig:
+    """An experiment's config: the protocol ``parts`` it uses (:data:`ATTACK`...), then its own."""
+    merged = [*parts, ScaleConfig(ci=ci, paper=paper, sources=sources)]
+    return ScaleConfig(
+        ci={k: v for part in merged for k, v in part.ci.items()},
+        paper={k: v for part in merged for k, v in part.paper.items()},
+        sources={k: v for part in merged for k, v in part.sources.items()},
+    )
+
+
+def reference_rows(columns: Sequence[str], *values: Sequence[Any]) -> list[dict[str, Any]]:
+    """The paper's rows as dicts of ``columns``; a ``None`` (lost in our copy) is left out."""
+    return [{c: v for c, v in zip(columns, row, strict=True) if v is not None} for row in values]
+
+
+class Victims(NamedTuple):
+    """The attacked images (N × 3 × 32 × 32 in [0, 1]), their labels and the normaliser."""
+
+    images: Tensor
+    labels: Tensor
+    norm: Normalizer
+
+
+def to_rgb32(images: Tensor, norm: Normalizer) -> tuple[Tensor, Normalizer]:
+    """Images brought to the authors' 3×32×32: resized to 32×32, a grey channel repeated."""
+    if images.shape[-2:] != (32, 32):
+        images = F.interpolate(images, size=(32, 32), mode="bilinear", align_corners=False).clamp(
+            0, 1
+        )
+    if images.shape[1] == 1:
+        images = images.repeat(1, 3, 1, 1)
+        norm = Normalizer(mean=norm.mean * 3, std=norm.std * 3)
+    return images, norm
+
+
+def load_victims(ctx: Context, logical: str, n: int) -> Victims:
+    """``n`` test images of ``logical`` as the authors feed them (:func:`to_rgb32`)."""
+    images, labels, norm = ctx.dataset(logical, n=n, split="test")
+    images, norm = to_rgb32(images, norm)
+    return Victims(images, labels, norm)
+
+
+def cnn(bottleneck: Any = None, *, seed: int = 0, num_classes: int = 10) -> nn.Module:
+    """The CVB paper's CNN (``cvb-cnn``) built after seeding, optionally with a bottleneck spec."""
+    torch.manual_seed(seed)
+    model = models.build("cvb-cnn", in_shape=SHAPE, num_classes=num_classes)
+    return apply_bottleneck_option(model, bottleneck, SHAPE)
+
+
+def n_added(model: nn.Module) -> int:
+    """The parameters ``model``'s bottlenecks add."""
+    return sum(m.added_parameters for _, m in bottlenecks(model))
+
+
+def attack_layers(model: nn.Module) -> list[str] | None:
+    """The ignore attack's parameters of a model with a bottleneck (§III-B); else ``None`` (all)."""
+    return attacked_parameters(model) if bottlenecks(model) else None
+
+
+def cvb_attack(
+    name: str,
+    settings: Settings,
+    *,
+    tv: float,
+    include: Sequence[str] | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+) -> Attack:
+    """The preset ``name`` (:data:`ATTACKS`) with the CVB authors' overrides at ``settings``' scale.
+
+    ``settings`` holds :data:`ATTACK`'s values (``ctx.config``). Labels are
+    known. IG: ``ig_steps`` signed-Adam steps at ``ig_lr``, TV weight ``tv``.
+    iDLG (box-constrained) and CPL: ``lbfgs_steps`` L-BFGS steps at
+    ``lbfgs_lr``, the ℓ2 distance as a Gaussian likelihood with σ = 1 (this
+    module's scale of it, ½‖g − s‖²); ``tv`` is not used. ``include``
+    restricts the likelihood (the ignore attack, :func:`attack_layers`);
+    ``steps`` and ``lr`` replace the scale's values (the chapter's short attacks).
+    """
+    if name == "inverting-gradients":
+        options: dict[str, Any] = {"steps": settings.ig_steps, "lr": settings.ig_lr, "tv": tv}
+    elif name in ("idlg", "cpl"):
+        options = {"steps": settings.lbfgs_steps, "lr": settings.lbfgs_lr, "sigma": 1.0,
+                   "labels": "given", **({"box": True} if name == "idlg" else {})}  # fmt: skip
+    else:
+        raise ValueError(f"unknown attack {name!r}; use one of {ATTACKS}")
+    options.update({k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None})
+    return preset(name, include=include, **options)
+
+
+def run_attack(
+    ctx: Context,
+    model: nn.Module,
+    victims: Victims,
+    attack: Attack,
+    *,
+    defense: GradientDefense | None = None,
+    offset: int = 0,
+    callback: Callable[[int, Tensor], None] | None = None,
+) -> tuple[Case, AttackResult]:
+    """Every victim its own client sharing through ``defense``; ``attack`` on all their updates.
+
+    One generator (``ctx.generator(offset)``) draws the defense's noise and
+    the attack's initialisation; torch's global generator, seeded with
+    ``ctx.seed + offset``, the bottlenecks' noise. ``callback(step, iterates)``
+    sees every iterate. The model and the updates live on ``ctx.device``.
+    """
+    generator = ctx.generator(offset)
+    torch.manual_seed(ctx.seed + offset)
+    case = build_case(model, *victims, defense=defense, generator=generator, device=ctx.device)
+    return case, case.attack(attack, generator=generator, callback=callback)
+
+
+def ssim_row(case: Case, result: AttackResult, **fields: Any) -> dict[str, Any]:
+    """``fields`` with the attack's mean SSIM, its standard deviation and its ASR (min–max)."""
+    ssim = case.score(result, "ssim_minmax")
+    std = float(ssim.std()) if ssim.numel() > 1 else 0.0
+    return {**fields, "ssim": float(ssim.mean()), "ssim_std": std, "asr": metrics.asr(ssim)}
+
+
+def fedavg_accuracy(
+    ctx: Context, model: nn.Module, logical: str, *, defense: GradientDefense | None = None
+) -> float:
+    """Final test accuracy of FedAvg training of ``model`` on ``logical`` (:data:`TRAINING`)."""
+    s, device = ctx.config, ctx.device
+    x, y, norm = ctx.dataset(logical, split="train")
+    xt, yt, _ = ctx.dataset(logical, split="test")
+    x, norm3 = to_rgb32(x, norm)
+    xt, _ = to_rgb32(xt, norm)
+    if s.n_train is not None:
+        x, y = x[: s.n_train], y[: s.n_train]
+    result = federated_averaging(
+        model, norm3.normalize(x).to(device), y.to(device), rounds=s.rounds, clients=s.clients,
+        patience=s.patience, batch_size=s.batch_size, val_fraction=s.val_fraction,
+        test=(norm3.normalize(xt).to(device), yt.to(device)), defense=defense, seed=ctx.seed,
+    )  # fmt: skip
+    accs = [h["test_accuracy"] for h in result.history]
+    return float(accs[-1]) if accs else float("nan")
+
+
+def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:
+    """ε (δ = ``dp.delta``) one client spent training: its own steps at rate batch / its data.
+
+    ``settings`` holds :data:`TRAINING`'s values; ``dp.steps`` counts the
+    steps of all clients, which each touch only their own data.
+    """
+    n = n_train if settings.n_train is None else min(n_train, settings.n_train)
+    per_client = n / settings.clients * (1 - settings.val_fraction)
+    rate = min(1.0, settings.batch_size / per_client)
+    return epsilon_spent(dp.noise_multiplier, rate, dp.steps // settings.clients, dp.delta)

@@ -1,0 +1,78 @@
+"""What the R-GAP experiments share: input shapes, seeded float64 models, labels with μ < 0, the case.
+
+The closed-form experiments of Zhu & Blaschko (2021) attack untrained networks
+in float64 with R-GAP's logistic loss on images in [0, 1] (no normalisation).
+As in the authors' code (JunyiZhu-AI/R-GAP, ``main.py``), the model is
+initialised after seeding and the label is chosen so that μ < 0 (then μ is
+unique), except in ``rgap/twin-data`` and ``rgap/twin-dlg``, which want the
+twin. Used by :mod:`.rgap_closed_form`, :mod:`.rgap_rank` and :mod:`.rgap_twin`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..data import Normalizer
+from ..models import build
+from ..models.rgap_nets import CNN6_LAYERS, conv_stack
+from .case import Case, build_case
+from .registry import Context
+
+__all__ = [
+    "ARCHITECTURES",
+    "DATASETS",
+    "labels_mu_negative",
+    "logistic_case",
+    "stack_model",
+    "victims",
+    "zoo_model",
+]
+
+#: The datasets of Table 1 with their input shapes.
+DATASETS: dict[str, tuple[int, int, int]] = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
+
+#: Figure-2 style chains (conv layers as (channels, kernel, stride, padding)) of
+#: ``rgap/table3-rank``; ``rgap/appG-noise`` uses "cnn6" and "wide".
+ARCHITECTURES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "cnn6": CNN6_LAYERS,
+    "cnn6-d": (CNN6_LAYERS[0], (20, 3, 2, 1), *CNN6_LAYERS[2:]),
+    "wide": tuple((2 * c, k, s, p) for c, k, s, p in CNN6_LAYERS),
+    "deficient-early": ((4, 4, 2, 2), *CNN6_LAYERS[1:]),
+    "deficient-middle": (*CNN6_LAYERS[:2], (4, 3, 1, 1), *CNN6_LAYERS[3:]),
+}
+
+
+def zoo_model(ctx: Context, name: str, in_shape: tuple[int, int, int], **options: Any) -> nn.Module:
+    """Zoo model ``name`` with one output logit, built after seeding with ``ctx.seed``, float64."""
+    torch.manual_seed(ctx.seed)
+    return build(name, in_shape=in_shape, num_classes=1, **options).double().to(ctx.device)
+
+
+def stack_model(
+    ctx: Context, in_shape: tuple[int, int, int], layers: tuple, name: str
+) -> nn.Module:
+    """A one-logit chain of ``layers`` (:func:`~leakagelib.models.rgap_nets.conv_stack`), seeded, float64."""
+    torch.manual_seed(ctx.seed)
+    return conv_stack(in_shape, 1, layers, name=name).double().to(ctx.device)
+
+
+def victims(ctx: Context, dataset: str, n: int) -> Tensor:
+    """The first ``n`` images of the run's ``dataset`` in float64, on the run's device."""
+    return ctx.dataset(dataset, n=n).images.double().to(ctx.device)
+
+
+def labels_mu_negative(model: nn.Module, images: Tensor) -> Tensor:
+    """Labels y ∈ {−1, +1} with y·f(x) < 0, the authors' choice that makes μ unique."""
+    with torch.no_grad():
+        out = model(images).reshape(-1)
+    return torch.where(out > 0, -1, 1).long()
+
+
+def logistic_case(ctx: Context, model: nn.Module, images: Tensor, labels: Tensor) -> Case:
+    """Each image its own client sharing its logistic-loss gradient; images in [0, 1] as they are."""
+    return build_case(
+        model, images, labels, Normalizer.identity(), device=ctx.device, loss="logistic"
+    )

@@ -1,0 +1,160 @@
+"""The Bayes paper's defense experiments (§5–6: Figures 2, 3, 5, PRECODE) and the intro experiment.
+
+Each registered experiment runs here with its ci settings shrunk (a few
+attack steps), so that its whole code path — scenario, attacks by name, rows
+and figure entries — is exercised in seconds; the chapter "Breaking heuristic
+defenses" runs them at full ci scale and asserts the paper's claims.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from leakagelib import experiments, metrics
+from leakagelib.attacks import Cosine, Gaussian
+from leakagelib.data import Normalizer
+from leakagelib.defenses import Soteria
+from leakagelib.experiments import Context, ScaleConfig, build_case
+from leakagelib.experiments.bayes_defenses import FIG2
+from leakagelib.experiments.bayes_soteria import FIG5, soteria_attacks, soteria_case
+from leakagelib.gradients import client_update
+
+torch.set_num_threads(1)
+
+FAST_SOTERIA = {"hidden": (64, 32), "attack_steps": 3}
+
+
+def shrunk_run(exp_id: str, **ci_changes: object) -> dict:
+    """``exp_id`` at ci scale with some of its ci settings changed."""
+    exp = experiments.get(exp_id)
+    config = ScaleConfig(ci={**exp.config.ci, **ci_changes}, paper=exp.config.paper)
+    return exp.fn(Context(scale="ci", progress=False, settings=config))
+
+
+@pytest.mark.parametrize("exp_id", ["bayes/fig2-training", "bayes/fig5-soteria-layers"])
+def test_every_paper_value_has_a_source(exp_id: str) -> None:
+    config = experiments.get(exp_id).config
+    assert set(config.sources) == set(config.paper), set(config.paper) - set(config.sources)
+
+
+def test_soteria_attacks_follow_the_scale() -> None:
+    """Paper: cosine, 4000 steps, lr 0.1 with step decay, TV 4e-4 (A.1); ci: Eq. 6's Gaussian."""
+    for scale, direct, kind in (("paper", "cosine", Cosine), ("ci", "l2", Gaussian)):
+        settings = FIG5.at(scale)
+        defense = Soteria("fc1.linear", attack=settings.likelihood)
+        attacks = soteria_attacks(settings, defense)
+        drop, plain = attacks["layer-drop"], attacks["direct"]
+        assert (drop.name, plain.name) == ("bayes", direct)
+        assert drop.config == plain.config  # one loop: they run as settings of one program
+        config = drop.config
+        assert (config.steps, config.lr, config.beta) == (
+            settings.attack_steps, settings.attack_lr, settings.tv,
+        )  # fmt: skip
+        assert config.schedule == settings.attack_schedule and config.box and not config.signed
+        assert isinstance(drop.likelihood, kind) and isinstance(plain.likelihood, kind)
+        names = ["conv1.weight", "fc1.linear.weight", "fc1.linear.bias", "fc2.linear.weight"]
+        assert drop.likelihood.layers.mask(names) == [True, False, False, True]
+        assert plain.likelihood.layers.mask(names) == [True] * 4
+    assert FIG5.paper["attack_steps"] == 4000 and FIG5.paper["tv"] == 4e-4
+
+
+def test_the_chapters_soteria_case_prunes_only_the_defended_layer() -> None:
+    case = soteria_case("ci", n=1, pruning_rate=0.8)
+    x = case.normalizer.normalize(case.images)
+    clean = client_update(case.model, x, case.labels)
+    width = case.model.get_submodule("fc1.linear").in_features
+    assert case.defense.mask.shape == (1, width)  # one mask per client
+    assert abs(float(case.defense.mask.mean()) - 0.2) < 0.01
+    for name, true in clean.items():
+        cosine = torch.nn.functional.cosine_similarity(
+            case.updates[name].flatten(), true.flatten(), dim=0
+        )
+        assert (float(cosine) < 0.99) if name == "fc1.linear.weight" else abs(cosine - 1) < 1e-6
+
+
+def test_the_layer_drop_attack_does_not_depend_on_the_pruning_rate() -> None:
+    """A.1: 'our attack works independent of the pruning rate, as we always remove the entire layer'."""
+    recons = []
+    for rate in (0.5, 0.95):
+        case = soteria_case("ci", n=1, pruning_rate=rate)
+        attack = soteria_attacks(FIG5.at("ci"), case.defense)["layer-drop"].with_config(steps=20)
+        result = case.attack(attack, generator=torch.Generator().manual_seed(7))
+        recons.append(case.reconstructions(result))
+    assert torch.equal(recons[0], recons[1])
+
+
+def test_fig5_rows_attacks_and_images() -> None:
+    out = shrunk_run("bayes/fig5-soteria-layers", victims=2, **FAST_SOTERIA)
+    keys = [(r["defended"], r["attack"]) for r in out["rows"]]
+    assert keys == [
+        ("fc1", "direct"),
+        ("fc1", "layer-drop"),
+        ("fc1", "layer-drop, layer unknown"),
+        ("fc2", "layer-drop"),
+    ]
+    for row in out["rows"]:
+        assert len(row["psnr_per_image"]) == 2
+        assert math.isclose(row["psnr"], sum(row["psnr_per_image"]) / 2)
+    unknown = out["rows"][2]["chosen"]
+    assert len(unknown) == 2 and set(unknown) <= {"fc1", "fc2", "fc3"}
+    assert set(out["images"]) == {"original", *(f"{d} {a}" for d, a in keys)}
+    assert torch.tensor(out["images"]["fc2 layer-drop"]).shape == (2, 1, 8, 8)
+    assert out["data"] == {"cifar10": "digits"}
+
+
+def test_fig2_rows_follow_the_config() -> None:
+    out = shrunk_run(
+        "bayes/fig2-training", train_steps=(0, 2), fig3_step=2, ats_attack_steps=2,
+        soteria_victims=1, **FAST_SOTERIA,
+    )  # fmt: skip
+    keys = [(r["defense"], r["step"]) for r in out["rows"]]
+    assert keys == [
+        ("ats 7-4-15", 0),
+        ("ats 7-4-15", 2),
+        ("soteria", 0),
+        ("soteria (direct attack)", 0),
+        ("soteria", 2),
+        ("soteria (direct attack)", 2),
+    ]
+    assert all(r["psnr_std"] == 0.0 for r in out["rows"])  # one victim each
+    assert set(out["figure3"]) == {"ats 7-4-15", "soteria"}
+    ats = out["figure3"]["ats 7-4-15"]
+    assert torch.tensor(ats["original"]).shape == torch.tensor(ats["reconstruction"]).shape
+    assert FIG2.paper["train_steps"][-1] == 1000 and FIG2.paper["ats_attack_steps"] == 2000
+
+
+def test_precode_mlp_is_exact_and_carries_the_papers_bound() -> None:
+    record = experiments.run("bayes/precode-mlp", "ci", progress=False)
+    assert [r["image"] for r in record["rows"]] == list(range(8))
+    assert all(r["psnr"] > 150 for r in record["rows"])  # the paper: PSNR > 150 dB
+    shown = torch.tensor(record["figure3"]["reconstruction"])
+    original = torch.tensor(record["figure3"]["original"])
+    assert shown.shape == original.shape == (8, 3, 32, 32)
+    assert torch.allclose(shown, original, atol=1e-3)
+    exp = experiments.get("bayes/precode-mlp")
+    assert exp.reference == ({"image": "every image", "psnr": "> 150"},)
+    assert "> 150" in exp.reference_source
+
+
+def test_intro_bias_attack_takes_its_count_from_the_config() -> None:
+    rows = shrunk_run("intro/bias-attack", victims=3)
+    assert [r["image"] for r in rows] == [0, 1, 2]
+    assert all(r["psnr"] > 300 for r in rows)  # float64 from end to end
+
+
+def test_build_case_feeds_the_model_in_its_own_dtype_and_scores_given_images() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).double()
+    images, labels = torch.rand(2, 1, 2, 2), torch.tensor([0, 2])
+    norm = Normalizer((0.5,), (0.25,))
+    case = build_case(model, images, labels, norm)
+    assert case.updates["1.weight"].dtype == torch.float64
+    assert case.images.dtype == torch.float32  # the victims as given
+    noisy = (images + 0.01).clamp(0, 1)
+    assert torch.equal(case.score_images(noisy), metrics.psnr(noisy, images))
+    with pytest.raises(KeyError, match="unknown metric"):
+        case.score_images(noisy, "psnr2")
