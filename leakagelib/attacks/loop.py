@@ -22,7 +22,7 @@ samples (common random numbers), so they are compared on equal terms. The
 reconstruction reported for each (setting, update) is the restart with the
 lowest final objective — what an attacker who cannot see the input would pick.
 
-The pieces live in small modules: the hyper-parameters in :mod:`.config`,
+The pieces live in small modules: the hyper-parameters in :mod:`leakagelib.attacks.config`,
 the batched objective in :mod:`.objective`, Adam and L-BFGS in
 :mod:`.optimizers`, the returned :class:`~leakagelib.attacks.result.AttackResult`
 in :mod:`.result`. This module draws the starting points and ball samples,

@@ -1,20 +1,20 @@
 """Named attacks as presets of (likelihood, prior, loop): the Bayes paper's Tables 1 and 2, runnable.
 
-========================  ==============  ===============  ==============================
-attack (registry id)      prior p(x)      likelihood       loop
-========================  ==============  ===============  ==============================
-DLG (``dlg``)             uniform         Gaussian         L-BFGS, labels optimised
-iDLG (``idlg``)           uniform         Gaussian         L-BFGS, labels read off g
-Inverting Gradients       TV (ℓ1)         cosine           Adam, signed, box, step decay
+=========================== ==============  ===============  ==============================
+attack (registry id)        prior p(x)      likelihood       loop
+=========================== ==============  ===============  ==============================
+DLG (``dlg``)               uniform         Gaussian         L-BFGS, labels optimised
+iDLG (``idlg``)             uniform         Gaussian         L-BFGS, labels read off g
+Inverting Gradients         TV (ℓ1)         cosine           Adam, signed, box, step decay
 (``inverting-gradients``)
-CPL (``cpl``)             uniform/label   Gaussian         L-BFGS, patterned init
-GradInversion             TV+ℓ2+BN stats  Gaussian         Adam, box
+CPL (``cpl``)               uniform/label   Gaussian         L-BFGS, patterned init
+GradInversion               TV+ℓ2+BN stats  Gaussian         Adam, box
 (``gradinversion``)
-Bayes (``bayes``)         TV              the defense's    Adam, exponential decay
-ℓ2, ℓ1, cosine            TV              Gaussian,        as Bayes (Table 2's
-(``l2``, ``l1``,                          Laplace, cosine  heuristic baselines)
+Bayes (``bayes``)           TV              the defense's    Adam, exponential decay
+ℓ2, ℓ1, cosine              TV              Gaussian,        as Bayes (Table 2's
+(``l2``, ``l1``,                            Laplace, cosine  heuristic baselines)
 ``cosine``)
-========================  ==============  ===============  ==============================
+=========================== ==============  ===============  ==============================
 
 Each preset function returns an :class:`~leakagelib.attacks.attack.Attack`;
 every hyper-parameter a caller may need is a keyword of the function

@@ -155,7 +155,7 @@ def table2_lenet(ctx: Context) -> list[dict]:
     fixes the input and [W; K] is as well conditioned as W. On 3×32×32 inputs
     conv1 has as many outputs as pixels, the padded border needs the gradient
     constraints, whose rows scale with k₁ — tiny after two sigmoids — so
-    cond ∝ 1/|k₁|. Measured there (seed 0, one image): LeNet 1.6e4 / 4.5e3 /
+    cond ∝ 1/``|k₁|``. Measured there (seed 0, one image): LeNet 1.6e4 / 4.5e3 /
     27, LeNet* 1.1e3 / 9.4e2 / 11, against the paper's 1.8e4 / 6.1e3 / 32 and
     1.2e3 / 1.3e3 / 14. DLG's own U(±0.5) initialisation (``init="dlg"``)
     gives 2.6e2 / 1.0e3 / 18 instead, so the paper used PyTorch's default, as

@@ -112,7 +112,7 @@ class ConvGeometry:
 
     @property
     def n_in(self) -> int:
-        """|x|: entries of the unpadded input."""
+        """``|x|``: entries of the unpadded input."""
         return self.in_channels * self.height * self.width
 
     @property
@@ -123,13 +123,13 @@ class ConvGeometry:
 
     @property
     def n_out(self) -> int:
-        """|z|: entries of the output (the number of weight constraints)."""
+        """``|z|``: entries of the output (the number of weight constraints)."""
         ho, wo = self.out_size
         return self.out_channels * ho * wo
 
     @property
     def n_weights(self) -> int:
-        """|W|: number of weights (the number of gradient constraints)."""
+        """``|W|``: number of weights (the number of gradient constraints)."""
         return self.out_channels * self.in_channels * self.kernel[0] * self.kernel[1]
 
     def interior(self) -> np.ndarray:
@@ -210,7 +210,7 @@ def _pattern(geom: ConvGeometry, padded: bool) -> _Pattern:
 
 
 def weight_matrix(geom: ConvGeometry, weight: np.ndarray, *, padded: bool = False) -> sp.csr_matrix:
-    """The weight-constraint matrix W (|z| × |x|, or × padded |x|): ``W @ vec(x) = vec(z)``.
+    """The weight-constraint matrix W (``|z|`` × ``|x|``, or × padded ``|x|``): ``W @ vec(x) = vec(z)``.
 
     ``weight`` is the layer's weight (C_out×C_in×k×k, or C_out×C_in for a linear layer).
     """
@@ -225,9 +225,9 @@ def weight_matrix(geom: ConvGeometry, weight: np.ndarray, *, padded: bool = Fals
 
 
 def gradient_matrix(geom: ConvGeometry, k: np.ndarray, *, padded: bool = False) -> sp.csr_matrix:
-    """The gradient-constraint matrix K (|W| × |x|): ``K @ vec(x) = vec(∂ℓ/∂W)``.
+    """The gradient-constraint matrix K (``|W|`` × ``|x|``): ``K @ vec(x) = vec(∂ℓ/∂W)``.
 
-    ``k`` is ∂ℓ/∂z, the gradient of the loss at the layer's output (|z| entries).
+    ``k`` is ∂ℓ/∂z, the gradient of the loss at the layer's output (``|z|`` entries).
     """
     k = np.asarray(k, dtype=np.float64)
     if k.size != geom.n_out:
@@ -238,7 +238,7 @@ def gradient_matrix(geom: ConvGeometry, k: np.ndarray, *, padded: bool = False) 
 
 
 def padding_matrix(geom: ConvGeometry) -> sp.csr_matrix:
-    """The padding constraints P (border entries × padded |x|): ``P @ vec(x_pad) = 0``."""
+    """The padding constraints P (border entries × padded ``|x|``): ``P @ vec(x_pad) = 0``."""
     border = np.setdiff1d(np.arange(geom.n_padded), geom.interior())
     n = border.size
     return sp.csr_matrix(

@@ -1,13 +1,13 @@
 """Rank analysis (Zhu & Blaschko 2021, §4, Appendices C and D).
 
-For every layer i the analysis counts the unknowns |x_i| (the layer's input,
-padding excluded), the gradient constraints |W_i| (one per weight), the weight
-constraints |z_i| (one per output) and the virtual constraints inherited from
+For every layer i the analysis counts the unknowns ``|x_i|`` (the layer's input,
+padding excluded), the gradient constraints ``|W_i|`` (one per weight), the weight
+constraints ``|z_i|`` (one per output) and the virtual constraints inherited from
 over-determined earlier layers,
 
-    |V_i| = Σ_{n<i} max(|z_n| − |x_n|, 0) − max(|x_n| − |z_n| − |W_n|, 0),
+    ``|V_i|`` = Σ_{n<i} max(``|z_n|`` − ``|x_n|``, 0) − max(``|x_n|`` − ``|z_n|`` − ``|W_n|``, 0),
 
-and forms the rank analysis index RA-i_i = |x_i| − |W_i| − |z_i| − |V_i|. The
+and forms the rank analysis index RA-i_i = ``|x_i|`` − ``|W_i|`` − ``|z_i|`` − ``|V_i|``. The
 network's RA-i is the largest over layers; that layer is the *critical* one.
 Positive RA-i means no attack can recover the input fully.
 
@@ -77,17 +77,17 @@ class LayerCount:
 
     @property
     def local(self) -> int:
-        """|x| − |W| − |z|: the counting deficiency before virtual constraints."""
+        """``|x|`` − ``|W|`` − ``|z|``: the counting deficiency before virtual constraints."""
         return self.x - self.w - self.z
 
     @property
     def ra_i(self) -> int:
-        """|x| − |W| − |z| − |V|."""
+        """``|x|`` − ``|W|`` − ``|z|`` − ``|V|``."""
         return self.local - self.v
 
     @property
     def deficiency(self) -> int | None:
-        """|x| − rank of the layer's own constraints (None when not measured)."""
+        """``|x|`` − rank of the layer's own constraints (None when not measured)."""
         return None if self.rank is None else self.x - self.rank
 
 
@@ -109,7 +109,7 @@ class RankAnalysis:
 
     @property
     def local_deficiency(self) -> int | None:
-        """Largest |x| − exact rank over layers (None without the exact mode)."""
+        """Largest ``|x|`` − exact rank over layers (None without the exact mode)."""
         values = [layer.deficiency for layer in self.layers]
         return None if any(v is None for v in values) else max(values)
 
@@ -205,7 +205,7 @@ def rank_analysis(
     ``exact=True`` (plain chains with one output only) also measures each
     layer's rank on the update of ``image`` (default: a seeded uniform image)
     with the logistic loss and label ``label``. ``pooling=True`` also counts
-    parameter-free pooling as a layer (|W| = 0); the paper's figures count only
+    parameter-free pooling as a layer (``|W|`` = 0); the paper's figures count only
     layers with weights, which is the default.
     """
     sizes = _shapes(model, in_shape)
