@@ -181,28 +181,47 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_line(exp_id: str, out: Path) -> tuple[str, str]:
+    """``(status, line)`` of one campaign entry: done, partial (with an ETA) or to run."""
+    from .experiments.resume import PartialRecord
+    from .records import read_record
+
+    if out.exists():
+        prov = read_record(out)["provenance"]
+        where = f"{prov.get('wall_seconds', '?')} s on {prov.get('device_name', '?')}"
+        return "done", f"{exp_id:28s} done ({where})"
+    partial_path = out.with_name(out.name + ".partial")
+    if not partial_path.exists():
+        return "to run", f"{exp_id:28s} to run (no estimate before its first unit finishes)"
+    partial = PartialRecord.read(partial_path)
+    eta = partial.estimate()
+    left = "?" if eta is None else f"about {eta / 60:.0f} min left at the pace so far"
+    return "partial", f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, {left}"
+
+
 def _cmd_campaign(args: argparse.Namespace) -> int:
-    """Every experiment (or ``--only`` ones) in order into ``--results``, skipping finished ones."""
+    """Every experiment (or ``--only`` ones) in order into ``--results``, skipping finished ones.
+
+    It first prints the plan: which records are done, which partial records
+    will be resumed (with the time their unfinished units will take at the
+    pace measured so far, on this machine), and which will run.
+    """
     from . import experiments
 
     ids = args.only or experiments.available()
     for exp_id in ids:
         experiments.get(exp_id)
-    results = Path(args.results)
     plan = []
     for exp_id in ids:
-        out = check_out(str(results / record_filename(exp_id)))
-        partial = out.with_name(out.name + ".partial")
-        status = "done" if out.exists() else ("partial" if partial.exists() else "to run")
+        out = check_out(str(Path(args.results) / record_filename(exp_id)))
+        status, line = _plan_line(exp_id, out)
         plan.append((exp_id, out, status))
-        print(f"{exp_id:28s} {status}")
+        print(line)
     for exp_id, out, status in plan:
         if status == "done":
             continue
         print(f"\n== {exp_id} ({args.scale}, {args.device})")
-        run_args = argparse.Namespace(
-            **{**vars(args), "id": exp_id, "resume": True, "data": args.data}
-        )
+        run_args = argparse.Namespace(**{**vars(args), "id": exp_id, "resume": True})
         run_to_record(run_args, out)
     return 0
 

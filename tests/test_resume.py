@@ -76,12 +76,35 @@ def test_unit_seeds_differ_by_key_and_seed():
     assert len(seeds) == 6 and all(0 <= s < 2**63 for s in seeds)
 
 
-def test_partial_records_are_written_atomically(tmp_path):
+def test_partial_records_are_written_atomically_with_their_pace(tmp_path):
     part = PartialRecord(tmp_path / "p.json", {"experiment": "x"}, resume=False)
-    part.add(("cell", 1), [{"psnr": float("inf")}])
+    assert part.estimate() is None, "no pace before the first unit"
+    part.add(("cell", 1), [{"psnr": float("inf")}], seconds=2.0, total=5)
+    part.add(("cell", 2), [{"psnr": 1.0}], seconds=4.0, total=5)
     again = PartialRecord(tmp_path / "p.json", {"experiment": "x"}, resume=True)
     assert again.get(("cell", 1)) == [{"psnr": "inf"}]
+    assert again.estimate() == 3 * 3.0, "three units left at 3 s each"
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"], "no temporary file left"
+
+
+def test_campaign_plans_first_then_runs_the_unfinished_and_resumes_partial_ones(
+    toy, tmp_path, capsys
+):
+    calls, stop_at = toy
+    results = tmp_path / "results"
+    args = ["campaign", "--only", "test/toy", "--quiet", "--results", str(results)]
+    stop_at["unit"] = "c"
+    assert main(args) == 130
+    assert "test/toy                     to run" in capsys.readouterr().out
+    stop_at["unit"] = None
+    calls.clear()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "partial: 2 of 4 units, about 0 min left" in out.splitlines()[0]
+    assert calls == ["c", "d"], "the partial record was resumed"
+    assert main(args) == 0
+    assert "done (" in capsys.readouterr().out.splitlines()[0]
+    assert calls == ["c", "d"], "a finished record is skipped"
 
 
 SLOW_RUN = """

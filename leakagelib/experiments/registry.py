@@ -192,10 +192,11 @@ class Context:
             done = self.partial.get(key) if self.partial is not None else None
             if done is None:
                 torch.manual_seed(unit_seed(self.seed, key))
+                start = time.perf_counter()
                 done = compute(key)
                 if self.partial is not None:
                     done = jsonable(done)
-                    self.partial.add(key, done)
+                    self.partial.add(key, done, time.perf_counter() - start, len(keys))
             rows.extend(done)
         return rows
 

@@ -48,17 +48,20 @@ class PartialRecord:
         self.path = Path(path)
         self.identity = dict(identity)
         self.units: dict[str, list[dict[str, Any]]] = {}
+        self.seconds: dict[str, float] = {}
+        self.total: int | None = None
         if resume and self.path.exists():
             self._load()
 
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> PartialRecord:
+        """The partial record in ``path`` as it is, for reporting (``campaign``'s plan)."""
+        partial = cls(path, {}, resume=False)
+        partial.identity = partial._read()
+        return partial
+
     def _load(self) -> None:
-        try:
-            saved = json.loads(self.path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{self.path} is not a partial record: {err}") from err
-        if not isinstance(saved, dict) or not isinstance(saved.get("units"), dict):
-            raise ValueError(f"{self.path} is not a partial record (no 'units' object)")
-        theirs = saved.get("identity", {})
+        theirs = self._read()
         differ = sorted(
             k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k)
         )
@@ -70,16 +73,41 @@ class PartialRecord:
                 f"{self.path} belongs to another run ({details}); resume with the same "
                 "arguments, or start afresh without --resume"
             )
+
+    def _read(self) -> dict[str, Any]:
+        """Read the file's units and timings; return the identity of the run that wrote it."""
+        try:
+            saved = json.loads(self.path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{self.path} is not a partial record: {err}") from err
+        if not isinstance(saved, dict) or not isinstance(saved.get("units"), dict):
+            raise ValueError(f"{self.path} is not a partial record (no 'units' object)")
         self.units = saved["units"]
+        self.seconds = saved.get("seconds", {})
+        self.total = saved.get("total")
+        return saved.get("identity", {})
 
     def get(self, key: Any) -> list[dict[str, Any]] | None:
         """The rows of a finished unit, or ``None``."""
         return self.units.get(unit_key(key))
 
-    def add(self, key: Any, rows: list[dict[str, Any]]) -> None:
-        """Record a finished unit and save the partial record atomically."""
+    def add(self, key: Any, rows: list[dict[str, Any]], seconds: float, total: int) -> None:
+        """Record a finished unit (its rows, how long it took, of ``total`` units) and save."""
         self.units[unit_key(key)] = rows
-        write_json_atomically({"identity": self.identity, "units": self.units}, self.path)
+        self.seconds[unit_key(key)] = round(float(seconds), 3)
+        self.total = int(total)
+        saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
+        write_json_atomically({**saved, "units": self.units}, self.path)
+
+    def estimate(self) -> float | None:
+        """Seconds the unfinished units will take at the mean pace of the finished ones.
+
+        ``None`` before the first unit has finished (the pace is unknown).
+        """
+        if not self.seconds or self.total is None:
+            return None
+        left = max(self.total - len(self.units), 0)
+        return left * sum(self.seconds.values()) / len(self.seconds)
 
     def discard(self) -> None:
         """Remove the partial file (the final record has been written)."""
