@@ -1,17 +1,40 @@
-"""Attack throughput: optimisation-attack iterations per second, batched versus looped.
+"""Attack throughput: optimisation-attack steps per second, by engine, batched versus looped.
 
 Runs the Bayes attack (the ``bayes`` preset: Gaussian likelihood, TV prior,
-Adam) on ``bayes-cnn`` with MNIST-sized inputs (1×28×28) in three ways:
+Adam) on ``bayes-cnn`` with MNIST-sized inputs (1×28×28):
 
 * one image;
-* 64 images as one batched program (the attack called on the stacked updates:
-  vmap over the 64 single-image attacks);
-* 64 images attacked one after another in a Python loop (what the peers do).
+* ``--images`` (64) independent attacks as one batched program, by each
+  engine of :class:`leakagelib.attacks.AttackConfig` — ``hooks`` (one forward
+  and backward pass of all candidates, per-attack gradients from recorded
+  activations, dense layers kept as factors: :mod:`leakagelib.attacks.per_attack`)
+  and ``vmap`` (:func:`torch.func.vmap` over attacks);
+* the same attacks one after another in a Python loop (what the peers do).
 
-It reports attack steps per second of each program and image-steps per
-second (steps × images / time), on the CPU and, when present, on CUDA.
-Usage: ``python benchmarks/attack_throughput.py [--steps 5] [--images 64]``;
-``--threads`` pins the CPU thread count (1 for a one-core figure).
+It reports image-steps per second (steps × images / seconds), the FLOPs of
+one batched step (counted by :class:`torch.utils.flop_counter.FlopCounterMode`)
+and their share of this machine's float32 matrix-multiply peak, measured on
+the spot with a 2048² matrix product. ``--profile`` prints the operators
+that take a step's time.
+
+What the profile showed, and what was tried (2-core CPU, see the README's
+Speed section for the numbers):
+
+* Under ``vmap`` most of a step went to element-wise passes (subtract,
+  square, sum, their backward) over the materialised per-attack gradient of
+  ``fc1`` (64 × 100 × 3136 floats): memory traffic, not arithmetic. The hooked
+  engine never builds it — the Gaussian and cosine likelihoods need only
+  ``‖s‖²`` and ``⟨s, g⟩``, which the factors give — and that is most of its
+  gain. Those inner products run in float64 (so that ``‖s − g‖²`` keeps its
+  accuracy near convergence); a float32 version was not faster here.
+* The per-attack convolution weight gradients are batched matrix products
+  of unfolded inputs (Opacus's grad sampler); they now take the largest
+  share, with the unfold/fold copies.
+* The per-sample weight gradients under ``vmap`` (grouped convolutions) were
+  *not* the main cost, contrary to a first profile taken on a loaded machine.
+
+Usage: ``python benchmarks/attack_throughput.py [--steps 20] [--images 64]
+[--threads N] [--profile]``.
 """
 
 from __future__ import annotations
@@ -21,10 +44,13 @@ import json
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from leakagelib.attacks import Gaussian, preset
 from leakagelib.gradients import per_sample_updates
 from leakagelib.models import build
+
+SHAPE = (1, 28, 28)
 
 
 def _sync(device: str) -> None:
@@ -32,51 +58,100 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _attack(model, updates, labels, steps: int, device: str) -> float:
+def _attack(model, updates, labels, steps: int, device: str, engine: str) -> float:
     """Seconds for one ``steps``-step batched attack on the stacked ``updates``."""
     attack = preset("bayes", likelihood=Gaussian(0.1), beta=0.1, steps=steps)
+    attack = attack.with_config(engine=engine)
     _sync(device)
     start = time.perf_counter()
-    attack(model, updates, labels=labels, input_shape=(1, 28, 28), device=device)
+    attack(model, updates, labels=labels, input_shape=SHAPE, device=device)
     _sync(device)
     return time.perf_counter() - start
 
 
-def measure(device: str, steps: int, images: int) -> dict[str, float]:
-    """Iterations per second for 1 image, ``images`` batched, ``images`` looped."""
+def matmul_peak(device: str, size: int = 2048, repeats: int = 5) -> float:
+    """This device's float32 matrix-multiply rate in FLOP/s (the best of ``repeats``)."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def step_flops(model, updates, labels, device: str, engine: str) -> int:
+    """FLOPs of one attack step (forward, backward and double backward) of the batch."""
+    attack = preset("bayes", likelihood=Gaussian(0.1), beta=0.1, steps=1)
+    with FlopCounterMode(display=False) as counter:
+        attack.with_config(engine=engine)(
+            model, updates, labels=labels, input_shape=SHAPE, device=device
+        )
+    return counter.get_total_flops() // 2  # one step plus the final evaluation
+
+
+def measure(device: str, steps: int, images: int) -> dict[str, object]:
+    """Image-steps per second for 1 image, ``images`` batched by each engine, and looped."""
     torch.manual_seed(0)
-    model = build("bayes-cnn", (1, 28, 28), 10).to(device)
-    x = torch.randn(images, 1, 28, 28, device=device)
+    model = build("bayes-cnn", SHAPE, 10).to(device)
+    x = torch.rand(images, *SHAPE, device=device)
     y = torch.arange(images, device=device) % 10
     ups = per_sample_updates(model, x, y)
     one = {k: v[:1] for k, v in ups.items()}
-    _attack(model, one, y[:1], 2, device)  # warm-up (allocations, kernels)
-    t_one = _attack(model, one, y[:1], steps, device)
-    t_batch = _attack(model, ups, y, steps, device)
-    t_loop = sum(
-        _attack(model, {k: v[i : i + 1] for k, v in ups.items()}, y[i : i + 1], steps, device)
+    _attack(model, one, y[:1], 2, device, "hooks")  # warm-up (allocations, kernels)
+    out: dict[str, object] = {"device": device, "images": images, "steps": steps}
+    out["threads"] = torch.get_num_threads()
+    out["one_image"] = steps / _attack(model, one, y[:1], steps, device, "auto")
+    for engine in ("hooks", "vmap"):
+        out[f"batched_{engine}"] = steps * images / _attack(model, ups, y, steps, device, engine)
+    loop = sum(
+        _attack(
+            model, {k: v[i : i + 1] for k, v in ups.items()}, y[i : i + 1], steps, device, "auto"
+        )
         for i in range(images)
     )
-    return {
-        "device": device,
-        "images": images,
-        "steps": steps,
-        "one_image_steps_per_s": steps / t_one,
-        "batched_steps_per_s": steps / t_batch,
-        "batched_image_steps_per_s": steps * images / t_batch,
-        "looped_image_steps_per_s": steps * images / t_loop,
-        "speedup_batched_vs_loop": t_loop / t_batch,
-    }
+    out["looped"] = steps * images / loop
+    out["speedup_hooks_vs_loop"] = out["batched_hooks"] / out["looped"]
+    out["speedup_hooks_vs_vmap"] = out["batched_hooks"] / out["batched_vmap"]
+    flops = step_flops(model, ups, y, device, "hooks")
+    peak = matmul_peak(device)
+    out["gflop_per_step"] = flops / 1e9
+    out["peak_gflops"] = peak / 1e9
+    out["share_of_peak"] = flops * out["batched_hooks"] / images / peak
+    return out
+
+
+def profile(device: str, images: int) -> None:
+    """Print the operators that take the time of a few batched hooked steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.manual_seed(0)
+    model = build("bayes-cnn", SHAPE, 10).to(device)
+    y = torch.arange(images, device=device) % 10
+    ups = per_sample_updates(model, torch.rand(images, *SHAPE, device=device), y)
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        _attack(model, ups, y, 3, device, "hooks")
+    table = prof.key_averages(group_by_input_shape=True)
+    print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_shapes_column_width=60))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="print an operator profile")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile:
+        profile("cpu", args.images)
+        return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         print(json.dumps(measure(device, args.steps, args.images)), flush=True)

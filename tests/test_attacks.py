@@ -421,12 +421,18 @@ def _fixed_problem():
     return net, y, per_sample_updates(net, x, y)
 
 
-def test_adam_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
-    """Two settings with two likelihoods, two restarts, MC samples, box: every draw as before."""
+@pytest.mark.parametrize("engine", ["vmap", "hooks"])
+def test_adam_loop_reproduces_the_numbers_of_the_loop_before_the_refactor(engine):
+    """Two settings with two likelihoods, two restarts, MC samples, box: every draw as before.
+
+    Bit for bit on the ``vmap`` route the numbers were taken with; the hooked
+    route computes the same objective in another order, so to float32 rounding.
+    """
     net, y, ups = _fixed_problem()
     cfg = AttackConfig(
-        steps=12, lr=0.1, decay=0.97, beta=0.01, restarts=2, mc_samples=2, delta=0.1, box=True
-    )
+        steps=12, lr=0.1, decay=0.97, beta=0.01, restarts=2, mc_samples=2, delta=0.1, box=True,
+        engine=engine,
+    )  # fmt: skip
     res = reconstruct(
         net,
         ups,
@@ -439,18 +445,28 @@ def test_adam_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
         bounds=image_bounds((0.5,), (0.5,)),
         generator=torch.Generator().manual_seed(3),
     )
-    assert res.all_objective.tolist() == ADAM_OBJECTIVE
-    assert res.per_update(1)[0, 0, 0, 1].tolist() == ADAM_PIXELS[0]
-    assert res.per_update(0)[1, 0, 0, 2].tolist() == ADAM_PIXELS[1]
-    assert res.history[-1] == ADAM_LAST_HISTORY
+    same = _exactly if engine == "vmap" else _to_rounding
+    same(res.all_objective, ADAM_OBJECTIVE)
+    same(res.per_update(1)[0, 0, 0, 1], ADAM_PIXELS[0])
+    same(res.per_update(0)[1, 0, 0, 2], ADAM_PIXELS[1])
+    same(torch.tensor(res.history[-1]), ADAM_LAST_HISTORY)
 
 
-def test_lbfgs_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
+def _exactly(got: torch.Tensor, expected) -> None:
+    assert got.tolist() == expected
+
+
+def _to_rounding(got: torch.Tensor, expected) -> None:
+    assert torch.allclose(got, torch.tensor(expected), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["vmap", "hooks"])
+def test_lbfgs_loop_reproduces_the_numbers_of_the_loop_before_the_refactor(engine):
     """DLG-style L-BFGS with optimised labels and two restarts: every draw as before."""
     net, y, ups = _fixed_problem()
     cfg = AttackConfig(
         steps=3, optimizer="lbfgs", lr=1.0, schedule="constant", decay=1.0, beta=0.0,
-        restarts=2, optimize_labels=True, lbfgs_iterations=5,
+        restarts=2, optimize_labels=True, lbfgs_iterations=5, engine=engine,
     )  # fmt: skip
     res = reconstruct(
         net,
@@ -463,11 +479,13 @@ def test_lbfgs_loop_reproduces_the_numbers_of_the_loop_before_the_refactor():
         input_shape=(1, 3, 3),
         generator=torch.Generator().manual_seed(4),
     )
-    assert res.all_objective.tolist() == LBFGS_OBJECTIVE
-    assert res.per_update()[0, 0, 0, 0].tolist() == LBFGS_PIXELS[0]
-    assert res.per_update()[1, 0, 0, 1].tolist() == LBFGS_PIXELS[1]
+    same = _exactly if engine == "vmap" else _to_rounding
+    same(res.per_update()[0, 0, 0, 0], LBFGS_PIXELS[0])
+    same(res.per_update()[1, 0, 0, 1], LBFGS_PIXELS[1])
     assert res.labels_of().tolist() == [[1], [3]]
-    assert res.history == LBFGS_HISTORY
+    if engine == "vmap":  # objectives near 1e-5 are differences of O(1) numbers
+        assert res.all_objective.tolist() == LBFGS_OBJECTIVE
+        assert res.history == LBFGS_HISTORY
 
 
 # ---------------------------------------------------------------- the result's accessors

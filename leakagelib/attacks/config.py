@@ -15,11 +15,12 @@ from numbers import Integral, Real
 
 from .likelihoods import WEIGHTINGS
 
-__all__ = ["INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
+__all__ = ["ENGINES", "INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
 
 OPTIMIZERS = ("adam", "lbfgs")
 SCHEDULES = ("exponential", "step", "constant")
 INITS = ("normal", "uniform", "zeros", "pattern")
+ENGINES = ("auto", "hooks", "vmap")
 
 
 def _count(name: str, value: object, meaning: str) -> None:
@@ -88,6 +89,12 @@ class AttackConfig:
     * ``mc_samples`` (k) and ``delta`` (δ): Algorithm 1's Monte-Carlo samples,
       uniform in the ℓ2 ball of radius δ around the iterate.
     * ``optimize_labels``: optimise soft labels jointly with the inputs (DLG).
+    * ``engine``: how the attacks' simulated updates are batched — ``"hooks"``
+      (one forward and backward pass of all candidates, per-attack gradients
+      from recorded activations, :mod:`.per_attack`; models whose rows are
+      independent), ``"vmap"`` (:func:`torch.func.vmap` over attacks; any
+      model) or ``"auto"`` (hooks where the model allows). Both give the same
+      objective; only the speed differs.
     """
 
     steps: int = 200
@@ -109,6 +116,7 @@ class AttackConfig:
     optimize_labels: bool = False
     lbfgs_iterations: int = 20
     lbfgs_history: int = 100
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         _count("steps", self.steps, "optimiser steps")
@@ -121,6 +129,7 @@ class AttackConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("init", self.init, INITS)
+        _choice("engine", self.engine, ENGINES)
         _number("init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True)
         _number("delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False)
         if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1):

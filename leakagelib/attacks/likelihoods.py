@@ -35,8 +35,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
+from torch.func import vmap
+
+from .per_attack import Observed, Simulated
 
 Update = dict[str, Tensor]
+#: The selected parameters of a batch of attacks and each one's weight per setting (``h``).
+Weighted = list[tuple[str, Tensor]]
 
 __all__ = [
     "WEIGHTINGS",
@@ -165,6 +170,24 @@ class Likelihood(ABC):
         """Per-parameter-tensor log-likelihoods; a subclass that splits over layers defines it."""
         raise NotImplementedError(f"{type(self).__name__} defines neither _terms nor log_prob")
 
+    def batched_log_prob(
+        self, observed: Observed, simulated: Simulated, weighted: Weighted
+    ) -> Tensor:
+        """:meth:`log_prob` of ``h × N × M`` attacks at once (the hooked route of :mod:`.per_attack`).
+
+        ``weighted`` lists the selected parameters with their weight in each
+        of the ``h`` settings. This general form materialises every simulated
+        gradient and maps :meth:`log_prob` over the attacks; likelihoods that
+        need only squared distances or inner products override it.
+        """
+        names = [k for k, _ in weighted]
+        g = {k: observed.update[k] for k in names}
+        s = {k: simulated.tensor(k) for k in names}
+        w = torch.stack([v for _, v in weighted], dim=1)
+        f = vmap(self.log_prob, in_dims=(None, 0, None))  # restarts × samples: M
+        f = vmap(f, in_dims=(0, 0, None))  # updates: N
+        return vmap(f, in_dims=(None, 0, 0))(g, s, w)  # settings: h
+
     def to(self, device: str | torch.device) -> Likelihood:
         """This likelihood with its tensors (if any) on ``device``."""
         return self
@@ -192,6 +215,12 @@ class Gaussian(Likelihood):
     def _terms(self, observed: Update, simulated: Update) -> list[Tensor]:
         c = 1.0 / (2.0 * self.sigma**2)
         return [-c * (observed[k] - simulated[k]).pow(2).sum() for k in observed]
+
+    def batched_log_prob(
+        self, observed: Observed, simulated: Simulated, weighted: Weighted
+    ) -> Tensor:
+        c = 1.0 / (2.0 * self.sigma**2)
+        return -c * sum(w[:, None, None] * simulated.sq_dist(k, observed) for k, w in weighted)
 
     def describe(self) -> dict[str, object]:
         return {"likelihood": "gaussian", "sigma": self.sigma, "weighting": self.layers.weighting}
@@ -234,6 +263,17 @@ class Cosine(Likelihood):
         dot = sum(w[i] ** 2 * (observed[k] * simulated[k]).sum() for i, k in enumerate(keys))
         n_obs = sum(w[i] ** 2 * observed[k].pow(2).sum() for i, k in enumerate(keys))
         n_sim = sum(w[i] ** 2 * simulated[k].pow(2).sum() for i, k in enumerate(keys))
+        return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
+
+    def batched_log_prob(
+        self, observed: Observed, simulated: Simulated, weighted: Weighted
+    ) -> Tensor:
+        dot = sum(w[:, None, None] ** 2 * simulated.inner(k, observed) for k, w in weighted)
+        n_sim = sum(w[:, None, None] ** 2 * simulated.sq_norm(k) for k, w in weighted)
+        n_obs = sum(
+            w[:, None, None] ** 2 * observed.square(k).to(w.dtype)[None, :, None]
+            for k, w in weighted
+        )
         return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
 
     def describe(self) -> dict[str, object]:

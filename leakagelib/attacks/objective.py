@@ -1,11 +1,23 @@
-"""The objective of a batch of attacks and its gradient, as one vectorised function.
+"""The objective of a batch of attacks and its gradient, as one batched function.
 
 An attack's negative Monte-Carlo objective
 ``-(1/k) Σᵢ [log p(g | xᵢ) + β log p(xᵢ)]`` (Balunović et al. 2022, Eq. 3)
-is differentiated with :func:`torch.func.grad_and_value` and mapped over
-restarts, shared updates and settings with three nested
-:func:`torch.func.vmap` s. Built once per :func:`leakagelib.attacks.loop.run_attack`
-and called at every step by the optimisers of :mod:`.optimizers`.
+is evaluated for all attacks of a batch at once, by one of two routes
+(``AttackConfig.engine``):
+
+* **hooks** (:func:`_hooked`): all candidates go through the model as one
+  batch of rows and :func:`leakagelib.attacks.per_attack.simulate` forms each
+  attack's simulated update from recorded activations; the likelihoods then
+  compare them with the observed updates in batched form. Several times
+  faster on the CPU (``benchmarks/attack_throughput.py``); models whose rows
+  are computed independently.
+* **vmap** (:func:`_vmapped`): :func:`torch.func.grad_and_value` of one
+  attack, mapped over restarts, shared updates and settings with three nested
+  :func:`torch.func.vmap` s; any model, including batch norm in training mode
+  and stochastic bottlenecks.
+
+Built once per :func:`leakagelib.attacks.loop.run_attack` and called at
+every step by the optimisers of :mod:`.optimizers`.
 """
 
 from __future__ import annotations
@@ -20,7 +32,8 @@ from ..gradients import functional_gradient, params_of
 from .config import AttackConfig, Setting
 from .likelihoods import Likelihood
 from .optimizers import Evaluate
-from .priors import Prior, bind_model
+from .per_attack import Observed, simulate, unsupported_reason
+from .priors import Prior, Uniform, bind_model
 
 Update = dict[str, Tensor]
 
@@ -62,32 +75,121 @@ def batched_objective(
 ) -> Evaluate:
     """The objective of all ``H × N × R`` attacks and its gradient, as one batched function.
 
-    One attack's negative Monte-Carlo objective is differentiated with
-    :func:`torch.func.grad_and_value` and mapped over restarts, updates and
-    settings (three nested ``vmap`` s; updates and labels are shared across
-    settings and restarts, never copied). A setting picks its likelihood and
-    prior through one-hot weights over the distinct ones, so different attacks
-    (Bayes, ℓ2, ℓ1, cosine) run in the same program.
+    A setting has its own likelihood and prior (one each, or one per
+    setting), so different attacks (Bayes, ℓ2, ℓ1, cosine) run in the same
+    program; updates and labels are shared across settings and restarts,
+    never copied. ``config.engine`` picks the route (module docstring).
     """
-    H, N, _, n = shape[:4]
+    H, N = shape[:2]
     names = list(observed)
-    params = {kk: v.to(device) for kk, v in params_of(model).items()}
     observed = {kk: v.to(device=device, dtype=torch.float32) for kk, v in observed.items()}
-    gradient = functional_gradient(model, loss=loss)
-    per_setting = _per_setting(likelihood, Likelihood, "likelihood", H)
-    distinct, choice = _distinct(per_setting, device)
-    distinct = [d.to(device) for d in distinct]
-    distinct_priors, prior_choice = _distinct(_per_setting(prior, Prior, "prior", H), device)
+    likelihoods = _once_each(
+        _per_setting(likelihood, Likelihood, "likelihood", H), lambda li: li.to(device)
+    )
     # priors that read the network (BatchNorm statistics, CPL's label term) meet the model here
-    distinct_priors = [bind_model(p, model) for p in distinct_priors]
+    priors = _once_each(_per_setting(prior, Prior, "prior", H), lambda p: bind_model(p, model))
     weights = torch.stack(
-        [lik.weights(names, s.weighting) for lik, s in zip(per_setting, settings, strict=True)]
+        [lik.weights(names, s.weighting) for lik, s in zip(likelihoods, settings, strict=True)]
     )
     weights = weights.to(device=device, dtype=torch.float32)
     betas = torch.tensor([s.beta for s in settings], device=device)
+    y = (labels if labels is not None else torch.zeros((N, shape[3]), dtype=torch.long)).to(device)
+    reason = unsupported_reason(model)
+    if config.engine == "hooks" and reason is not None:
+        raise ValueError(f"engine='hooks' cannot batch attacks on this model: {reason}; use 'vmap'")
+    if config.engine == "vmap" or reason is not None:
+        return _vmapped(model, observed, y, likelihoods, priors, weights, betas, config, loss)
+    return _hooked(model, observed, y, likelihoods, priors, weights, betas, config, loss)
+
+
+def _once_each(items: list, f: Callable) -> list:
+    """``[f(i) for i in items]``, calling ``f`` once per distinct item, so identity is kept."""
+    done = {id(i): f(i) for i in items}
+    return [done[id(i)] for i in items]
+
+
+def _groups(items: list, device: torch.device) -> list[tuple[object, Tensor]]:
+    """The distinct objects of ``items`` (by identity), each with the indices where it appears."""
+    distinct, choice = _distinct(items, device)
+    return [(d, choice[:, j].nonzero().flatten()) for j, d in enumerate(distinct)]
+
+
+def _hooked(
+    model: nn.Module,
+    observed: Update,
+    y: Tensor,
+    likelihoods: list[Likelihood],
+    priors: list[Prior],
+    weights: Tensor,
+    betas: Tensor,
+    config: AttackConfig,
+    loss: str,
+) -> Evaluate:
+    """The objective by the hooked route (:mod:`.per_attack`): no ``vmap`` over the model."""
+    H = len(likelihoods)
+    names, obs = list(observed), Observed(observed)
+    lik_groups = []
+    for lik, idx in _groups(likelihoods, weights.device):
+        w = weights.index_select(0, idx)
+        active = [i for i in range(len(names)) if bool((w[:, i] != 0).any())]
+        lik_groups.append((lik, idx, [(names[i], w[:, i]) for i in active]))
+    prior_groups = [
+        (p, idx) for p, idx in _groups(priors, weights.device) if not isinstance(p, Uniform)
+    ]
+
+    def evaluate(x: Tensor, z: Tensor, d: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+        x = x.detach().requires_grad_()
+        z = z.detach().requires_grad_() if config.optimize_labels else z
+        _, N, R, k, n, *input_shape = d.shape
+        lead = (H, N, R * k)
+        candidates = (x.unsqueeze(3) + d).reshape(H, N, R * k, n, *input_shape)
+        if config.optimize_labels:
+            target = torch.softmax(z, dim=-1).unsqueeze(3).expand(H, N, R, k, n, z.shape[-1])
+        else:
+            target = y[None, :, None, None].expand(H, N, R, k, n)
+        target = target.reshape(H, N, R * k, n, *target.shape[5:])
+        rows = candidates.reshape(-1, *input_shape)
+        sim = simulate(model, rows, target.reshape(-1, *target.shape[4:]), lead, loss)
+        log_lik = x.new_zeros(lead)
+        for lik, idx, weighted in lik_groups:
+            part = sim if len(idx) == H else sim.select(idx)
+            log_lik = log_lik.index_add(0, idx, lik.batched_log_prob(obs, part, weighted))
+        log_prior = x.new_zeros(lead)
+        for prior, idx in prior_groups:
+            xs = candidates.index_select(0, idx).flatten(0, 2)
+            ts = target.index_select(0, idx).flatten(0, 2)
+            value = vmap(prior.log_prob_given, randomness="different")(xs, ts)
+            log_prior = log_prior.index_add(0, idx, value.reshape(len(idx), N, R * k))
+        value = -(log_lik + betas[:, None, None] * log_prior).reshape(H, N, R, k).mean(3)
+        wrt = [x, z] if config.optimize_labels else [x]
+        grads = torch.autograd.grad(value.sum(), wrt)
+        return grads[0], grads[1] if config.optimize_labels else None, value.detach()
+
+    return evaluate
+
+
+def _vmapped(
+    model: nn.Module,
+    observed: Update,
+    y: Tensor,
+    likelihoods: list[Likelihood],
+    priors: list[Prior],
+    weights: Tensor,
+    betas: Tensor,
+    config: AttackConfig,
+    loss: str,
+) -> Evaluate:
+    """The objective by the ``vmap`` route: one attack's ``grad_and_value``, mapped over all.
+
+    A setting picks its likelihood and prior through one-hot weights over
+    the distinct ones.
+    """
+    params = {kk: v.to(weights.device) for kk, v in params_of(model).items()}
+    distinct, choice = _distinct(likelihoods, weights.device)
+    distinct_priors, prior_choice = _distinct(priors, weights.device)
     choice = torch.cat([choice, prior_choice], dim=1)
+    gradient = functional_gradient(model, loss=loss)
     f = _over_all_attacks(_one_attack(gradient, params, distinct, distinct_priors, config), config)
-    y = (labels if labels is not None else torch.zeros((N, n), dtype=torch.long)).to(device)
 
     def evaluate(x: Tensor, z: Tensor, d: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
         out, value = f(x, z, y, observed, weights, choice, betas, d)

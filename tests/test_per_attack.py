@@ -1,0 +1,181 @@
+"""The hooked route of the attack objective equals the ``vmap`` route (leakagelib.attacks.per_attack).
+
+Both engines evaluate the same objective; these tests run them on the same
+iterates and compare the objective and its gradients, across the zoo's layer
+types (convolution, dense, group norm, batch norm in eval mode, layer norm
+via the MLP's norms), the likelihoods (the factored Gaussian and cosine, and
+the materialising ℓ1 and pruned ones), layer selections, several settings
+with different likelihoods and priors, restarts, Monte-Carlo samples, joint
+reconstruction of two images, soft labels and R-GAP's logistic loss.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leakagelib.attacks import (
+    AttackConfig,
+    Cosine,
+    Gaussian,
+    Laplace,
+    LayerSelection,
+    Pruned,
+    Setting,
+    TotalVariation,
+    Uniform,
+)
+from leakagelib.attacks.objective import batched_objective
+from leakagelib.attacks.per_attack import row_losses, unsupported_reason
+from leakagelib.gradients import loss_function, per_sample_updates
+from leakagelib.models import build
+
+
+def _case(
+    name: str, shape: tuple[int, int, int], classes: int = 10, n_updates: int = 2, *,
+    eval_mode: bool = False, **kw,
+):  # fmt: skip
+    torch.manual_seed(0)
+    model = build(name, shape, classes, **kw)
+    model.train(not eval_mode)
+    x = torch.rand(n_updates, *shape)
+    y = torch.arange(n_updates) % classes
+    return model, per_sample_updates(model, x, y), y[:, None]
+
+
+def _both(model, observed, labels, settings, lik, prior, config, n=1, restarts=1, k=1):
+    """The objective and gradients of both engines on the same random iterates and offsets."""
+    H, N = len(settings), next(iter(observed.values())).shape[0]
+    input_shape = model[0].in_shape
+    shape = (H, N, restarts, n, *input_shape)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen)
+    z = torch.randn((H, N, restarts, n, 10), generator=gen)
+    d = 0.05 * torch.randn((H, N, restarts, k, n, *input_shape), generator=gen)
+    out = []
+    for engine in ("vmap", "hooks"):
+        cfg = config.with_(engine=engine)
+        f = batched_objective(
+            model, observed, labels, settings, lik, prior, cfg, shape=shape,
+            loss="logistic" if labels is not None and labels.min() < 0 else "ce",
+            device=torch.device("cpu"),
+        )  # fmt: skip
+        out.append(f(x, z, d))
+    return out
+
+
+def _close(a, b, rtol=1e-4):
+    for u, v in zip(a, b, strict=True):
+        if u is None:
+            assert v is None
+            continue
+        scale = u.abs().max().clamp_min(1e-12)
+        assert ((u - v).abs().max() / scale) < rtol, (u.flatten()[:5], v.flatten()[:5])
+
+
+CASES = [
+    ("bayes-cnn", (1, 12, 12), {}),
+    ("mlp", (1, 8, 8), {}),
+    ("lenet", (3, 16, 16), {}),
+    ("resnet18", (3, 16, 16), {"width": 4}),
+]
+
+
+@pytest.mark.parametrize("name,shape,kw", CASES)
+@pytest.mark.parametrize(
+    "lik",
+    [Gaussian(0.1), Cosine(), Laplace(0.1), Gaussian(0.1, LayerSelection(include=[0, -1]))],
+    ids=["gaussian", "cosine", "laplace", "gaussian-two-layers"],
+)
+def test_engines_agree_on_one_setting(name, shape, kw, lik):
+    model, observed, labels = _case(name, shape, **kw)
+    cfg = AttackConfig(steps=1)
+    a, b = _both(model, observed, labels, [Setting(0.1, 1.0, 0.3)], lik, TotalVariation(), cfg)
+    _close(a, b)
+
+
+def test_engines_agree_with_mixed_settings_restarts_samples_and_two_images():
+    model, observed, _ = _case("bayes-cnn", (1, 10, 10), n_updates=3)
+    labels = torch.tensor([[0, 1], [2, 3], [4, 4]])
+    masks = {k: (torch.rand(v.shape[1:]) < 0.5).float() for k, v in observed.items()}
+    liks = [Gaussian(0.1), Laplace(0.2), Cosine(), Pruned("gaussian", 0.1, 0.5, masks)]
+    priors = [TotalVariation(), Uniform(), TotalVariation(), Uniform()]
+    settings = [
+        Setting(0.1, 1.0, 0.5),
+        Setting(0.1, 1.0, 0.0),
+        Setting(0.1, 1.0, 2.0, weighting="exponential"),
+        Setting(0.1, 1.0, 1.0),
+    ]
+    cfg = AttackConfig(steps=1, restarts=2, mc_samples=2, delta=0.1)
+    a, b = _both(model, observed, labels, settings, liks, priors, cfg, n=2, restarts=2, k=2)
+    _close(a, b)
+
+
+def test_engines_agree_on_soft_labels():
+    model, observed, _ = _case("lenet", (3, 12, 12))
+    cfg = AttackConfig(steps=1, optimize_labels=True, optimizer="lbfgs")
+    a, b = _both(model, observed, None, [Setting(1.0, 1.0, 0.0)], Gaussian(1.0), Uniform(), cfg)
+    _close(a, b)
+
+
+def test_engines_agree_on_the_logistic_loss():
+    model, _, _ = _case("cnn6", (3, 16, 16), classes=1)
+    x = torch.rand(2, 3, 16, 16)
+    y = torch.tensor([1, -1])
+    observed = per_sample_updates(model, x, y, loss="logistic")
+    cfg = AttackConfig(steps=1)
+    a, b = _both(
+        model, observed, y[:, None], [Setting(0.1, 1.0, 0.0)], Gaussian(1.0), Uniform(), cfg
+    )
+    _close(a, b)
+
+
+def test_batch_norm_in_eval_mode_is_batched_by_hooks():
+    model, observed, labels = _case("convnet", (3, 16, 16), width=8, eval_mode=True)
+    assert unsupported_reason(model) is None
+    cfg = AttackConfig(steps=1)
+    a, b = _both(model, observed, labels, [Setting(0.1, 1.0, 0.1)], Cosine(), TotalVariation(), cfg)
+    _close(a, b)
+
+
+def test_models_that_mix_rows_are_refused_by_hooks_and_use_vmap():
+    model, observed, labels = _case("convnet", (3, 16, 16), width=8, eval_mode=True)
+    model.train()
+    assert "batch statistics" in unsupported_reason(model)
+    model.eval()
+    model[1].norm.track_running_stats = False
+    assert "batch statistics" in unsupported_reason(model)
+    stochastic = build("bayes-cnn", (1, 12, 12), 10, bottleneck="precode")
+    assert "PRECODE" in unsupported_reason(stochastic)
+    shape = (1, 2, 1, 1, 3, 16, 16)
+    args = (model, observed, labels, [Setting(0.1, 1.0, 0.1)], Gaussian(0.1), Uniform())
+    with pytest.raises(ValueError, match="engine='hooks' cannot batch attacks.*batch statistics"):
+        batched_objective(*args, AttackConfig(engine="hooks"), shape=shape, loss="ce",
+                          device=torch.device("cpu"))  # fmt: skip
+    f = batched_objective(*args, AttackConfig(), shape=shape, loss="ce", device=torch.device("cpu"))
+    gx, _, value = f(
+        torch.randn(shape), torch.zeros((1, 2, 1, 1, 1)), torch.zeros((1, 2, 1, 1, 1, 3, 16, 16))
+    )
+    assert gx.shape == shape and value.shape == (1, 2, 1)
+
+
+def test_row_losses_average_to_the_client_loss():
+    out = torch.randn(6, 10)
+    y = torch.arange(6)
+    assert torch.allclose(row_losses(out, y, "ce").mean(), loss_function("ce")(out, y))
+    soft = torch.softmax(torch.randn(6, 10), -1)
+    assert torch.allclose(row_losses(out, soft, "ce").mean(), loss_function("ce")(out, soft))
+    mu, s = torch.randn(6, 1), torch.tensor([1, -1, 1, 1, -1, -1])
+    assert torch.allclose(row_losses(mu, s, "logistic").mean(), loss_function("logistic")(mu, s))
+    with pytest.raises(KeyError, match="unknown loss"):
+        row_losses(out, y, "hinge")
+
+
+@pytest.mark.parametrize("lik", [Gaussian(0.1), Cosine()], ids=["gaussian", "cosine"])
+def test_engines_agree_on_a_single_attack_of_two_images(lik):
+    """One attack takes the plain-autograd branch of the hooked route."""
+    model, observed, _ = _case("lenet", (3, 12, 12), n_updates=1)
+    labels = torch.tensor([[3, 5]])
+    cfg = AttackConfig(steps=1)
+    a, b = _both(model, observed, labels, [Setting(0.1, 1.0, 0.2)], lik, TotalVariation(), cfg, n=2)
+    _close(a, b)
