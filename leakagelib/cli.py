@@ -9,7 +9,9 @@ any work starts; a bad one exits with status 2 and one line. Finished units
 are kept in ``OUT.partial`` as the run goes, so ``--resume`` continues an
 interrupted run (:mod:`leakagelib.experiments.resume`). ``campaign --scale
 paper [--only ID ...]`` runs every experiment into ``results/`` in order,
-skipping finished records and resuming partial ones.
+skipping finished records and resuming partial ones, after printing its plan
+with an estimate of each unfinished experiment's time on this device
+(:mod:`leakagelib.experiments.estimate`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import data, models
 from .records import record_filename, write_record
 from .reporting import format_table
+
+if TYPE_CHECKING:
+    from .experiments.estimate import Estimator
 
 
 def _cmd_list(_: argparse.Namespace) -> int:
@@ -181,22 +187,38 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_line(exp_id: str, out: Path) -> tuple[str, str]:
-    """``(status, line)`` of one campaign entry: done, partial (with an ETA) or to run."""
+def _plan_line(
+    exp_id: str, out: Path, args: argparse.Namespace, estimator: Estimator
+) -> tuple[str, str, float | None]:
+    """``(status, line, seconds)`` of one campaign entry: done, partial or to run, with its ETA.
+
+    A partial record's ETA is the pace of its finished units; an experiment
+    not started yet gets the estimate of its declared work at step times
+    probed on this device (:mod:`leakagelib.experiments.estimate`); ``seconds``
+    is ``None`` when there is no ETA.
+    """
+    from . import experiments
+    from .experiments.estimate import format_duration
+    from .experiments.registry import env_data_overrides, parse_data_overrides
     from .experiments.resume import PartialRecord
     from .records import read_record
 
     if out.exists():
         prov = read_record(out)["provenance"]
         where = f"{prov.get('wall_seconds', '?')} s on {prov.get('device_name', '?')}"
-        return "done", f"{exp_id:28s} done ({where})"
+        return "done", f"{exp_id:28s} done ({where})", 0.0
     partial_path = out.with_name(out.name + ".partial")
-    if not partial_path.exists():
-        return "to run", f"{exp_id:28s} to run (no estimate before its first unit finishes)"
-    partial = PartialRecord.read(partial_path)
-    eta = partial.estimate()
-    left = "?" if eta is None else f"about {eta / 60:.0f} min left at the pace so far"
-    return "partial", f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, {left}"
+    if partial_path.exists():
+        partial = PartialRecord.read(partial_path)
+        eta = partial.estimate()
+        left = "?" if eta is None else f"about {format_duration(eta)} left at the pace so far"
+        line = f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, {left}"
+        return "partial", line, eta
+    data = {**env_data_overrides(), **parse_data_overrides(args.data or [])}
+    found = estimator.of(experiments.get(exp_id), args.scale, data)
+    if found is None:
+        return "to run", f"{exp_id:28s} to run (no estimate: it declares no work)", None
+    return "to run", f"{exp_id:28s} to run, {found.describe()}", found.seconds
 
 
 def _cmd_campaign(args: argparse.Namespace) -> int:
@@ -204,19 +226,32 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
 
     It first prints the plan: which records are done, which partial records
     will be resumed (with the time their unfinished units will take at the
-    pace measured so far, on this machine), and which will run.
+    pace measured so far, on this machine), and which will run, with an
+    estimate of their time on this device (probed, see
+    :mod:`leakagelib.experiments.estimate`), then the total.
     """
     from . import experiments
+    from .experiments.estimate import Estimator, format_duration
 
     ids = args.only or experiments.available()
     for exp_id in ids:
         experiments.get(exp_id)
-    plan = []
+    check_device(args.device)
+    estimator = Estimator(args.device)
+    plan, seconds = [], []
     for exp_id in ids:
         out = check_out(str(Path(args.results) / record_filename(exp_id)))
-        status, line = _plan_line(exp_id, out)
+        status, line, eta = _plan_line(exp_id, out, args, estimator)
         plan.append((exp_id, out, status))
-        print(line)
+        seconds.append(eta)
+        print(line, flush=True)
+    known = [s for s in seconds if s is not None]
+    unknown = len(seconds) - len(known)
+    print(f"total left: about {format_duration(sum(known))}"
+          + (f" and {unknown} without an estimate" if unknown else ""), flush=True)  # fmt: skip
+    if estimator.probed:
+        print(f"(estimates: each experiment's declared work × step times probed now on "
+              f"{args.device}; L-BFGS and early-stopped training counted at their maximum)")  # fmt: skip
     for exp_id, out, status in plan:
         if status == "done":
             continue

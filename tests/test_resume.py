@@ -60,6 +60,18 @@ def test_a_resumed_run_gives_the_record_of_an_uninterrupted_one(toy, tmp_path, c
     assert not (tmp_path / "halves.json.partial").exists()
 
 
+def test_the_progress_bar_of_a_resumed_run_starts_at_its_finished_units(toy, tmp_path, capsys):
+    _, stop_at = toy
+    out = tmp_path / "r.json"
+    stop_at["unit"] = "c"
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(out)]) == 130
+    capsys.readouterr()
+    stop_at["unit"] = None
+    assert main(["reproduce", "test/toy", "--out", str(out), "--resume"]) == 0
+    bar = capsys.readouterr().err
+    assert "toy:  50%" in bar and "2/4" in bar and "0/4" not in bar
+
+
 def test_a_partial_record_of_another_run_is_refused(toy, tmp_path, capsys):
     _, stop_at = toy
     out = tmp_path / "r.json"
@@ -100,7 +112,7 @@ def test_campaign_plans_first_then_runs_the_unfinished_and_resumes_partial_ones(
     calls.clear()
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "partial: 2 of 4 units, about 0 min left" in out.splitlines()[0]
+    assert "partial: 2 of 4 units, about 0 s left at the pace so far" in out.splitlines()[0]
     assert calls == ["c", "d"], "the partial record was resumed"
     assert main(args) == 0
     assert "done (" in capsys.readouterr().out.splitlines()[0]

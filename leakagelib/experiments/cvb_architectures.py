@@ -4,11 +4,13 @@ Table V places CVB in a ResNet-18 and a small Vision Transformer, Table VI
 protects the CNN on four MedMNIST datasets, and Table VII (supplementary)
 measures what removing an MLP's biases — which defeats the closed-form
 attack on PRECODE — costs in accuracy. Protocol and machinery:
-:mod:`.cvb_common`. Run by the chapter "Variational bottlenecks".
+:mod:`.cvb_common`; every row is a unit of its run. Run by the chapter
+"Variational bottlenecks".
 """
 
 from __future__ import annotations
 
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -20,9 +22,11 @@ from .config import Settings
 from .cvb_common import (
     ATTACK,
     CVB_DEFAULT,
+    CVB_NET,
     SHAPE,
     TRAINING,
     attack_layers,
+    attack_load,
     cnn,
     cvb_attack,
     cvb_config,
@@ -31,8 +35,13 @@ from .cvb_common import (
     reference_rows,
     run_attack,
     ssim_row,
+    training_loads,
 )
 from .registry import Context, experiment
+from .work import Load, Net
+
+#: Table V's models, in its order.
+TABLE5_MODELS = ("cnn", "resnet18", "vit")
 
 
 def architecture(name: str, cvb: bool, settings: Settings, *, seed: int) -> nn.Module:
@@ -54,6 +63,18 @@ def architecture(name: str, cvb: bool, settings: Settings, *, seed: int) -> nn.M
         model = models.build("vit-small", in_shape=SHAPE, num_classes=10, **settings.vit)
         spec = {"kind": "cvb", "position": "block1", "kernel_size": 3, "beta": 0.1}
     return apply_bottleneck_option(model, spec if cvb else None, SHAPE)
+
+
+def _table5_work(ctx: Context) -> list[list[Load]]:
+    """An IG attack and a training run per row, on the row's network without CVB."""
+    rows = []
+    for dataset in ctx.config.datasets:
+        for name in TABLE5_MODELS:
+            build = partial(architecture, name, False, ctx.config, seed=0)
+            net = CVB_NET if name == "cnn" else Net(f"{name} (Table V)", build, SHAPE)
+            ig = attack_load(ctx.config, "inverting-gradients", net)
+            rows += [[ig, *training_loads(ctx, dataset, net)]] * 2  # without and with CVB
+    return rows
 
 
 @experiment(
@@ -91,6 +112,7 @@ def architecture(name: str, cvb: bool, settings: Settings, *, seed: int) -> nn.M
     ),
     reference_source="CVB paper, Table V (SSIM, ASR and accuracy as fractions)",
     datasets=("mnist", "cifar10"),
+    work=_table5_work,
 )
 def table5_architectures(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table V: CNN, ResNet-18 and ViT with and without CVB (IG / ignore attack, accuracy).
@@ -98,22 +120,25 @@ def table5_architectures(ctx: Context) -> list[dict[str, Any]]:
     Models: :func:`architecture`; IG with TV 0.01 without and 0.1 with CVB.
     At ci the ResNet has base width 8 and the ViT 2 blocks of width 64. Rows:
     ``dataset``, ``model``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``. Data: ``cifar10`` (and ``mnist`` at paper scale).
+    ``accuracy``. Data: ``cifar10`` (and ``mnist`` at paper scale). One unit
+    per row: (dataset, model, defense).
     """
-    rows = []
-    for dataset in ctx.config.datasets:
-        victims = load_victims(ctx, dataset, ctx.config.victims)
-        for name in ("cnn", "resnet18", "vit"):
-            for cvb in (False, True):
-                model = architecture(name, cvb, ctx.config, seed=ctx.seed)
-                attack = cvb_attack("inverting-gradients", ctx.config, tv=0.1 if cvb else 0.01,
-                                    include=attack_layers(model))  # fmt: skip
-                case, result = run_attack(ctx, model, victims, attack)
-                fresh = architecture(name, cvb, ctx.config, seed=ctx.seed)
-                rows.append(ssim_row(case, result, dataset=dataset, model=name,
-                                     defense="cvb" if cvb else "none",
-                                     accuracy=fedavg_accuracy(ctx, fresh, dataset)))  # fmt: skip
-    return rows
+    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+
+    def unit(cell: tuple[str, str, str]) -> list[dict[str, Any]]:
+        dataset, name, defense = cell
+        cvb = defense == "cvb"
+        model = architecture(name, cvb, ctx.config, seed=ctx.seed)
+        attack = cvb_attack("inverting-gradients", ctx.config, tv=0.1 if cvb else 0.01,
+                            include=attack_layers(model))  # fmt: skip
+        case, result = run_attack(ctx, model, victims(dataset), attack)
+        fresh = architecture(name, cvb, ctx.config, seed=ctx.seed)
+        return [ssim_row(case, result, dataset=dataset, model=name, defense=defense,
+                         accuracy=fedavg_accuracy(ctx, fresh, dataset))]  # fmt: skip
+
+    cells = [(d, name, defense) for d in ctx.config.datasets for name in TABLE5_MODELS
+             for defense in ("none", "cvb")]  # fmt: skip
+    return ctx.units(cells, unit, "Table V")
 
 
 def medmnist_present(ctx: Context, names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -162,6 +187,11 @@ MEDMNIST_KERNELS = {"pneumoniamnist": 5, "dermamnist": 3, "retinamnist": 3, "blo
     ),
     reference_source="CVB paper, Table VI (MedMNIST, CNN; SSIM, ASR and accuracy as fractions)",
     datasets=tuple(MEDMNIST_KERNELS),
+    work=lambda ctx: [
+        [attack_load(ctx.config, "inverting-gradients"), *training_loads(ctx, name)]
+        for name in ctx.config.kernels
+        for _ in ("none", "cvb")
+    ],
 )
 def table6_medical(ctx: Context) -> dict[str, Any]:
     """CVB Table VI: the CNN with and without CVB on four MedMNIST datasets.
@@ -176,27 +206,28 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
     with none at all the run fails with those instructions). CVB at position 1
     with the paper's kernel size per dataset; IG with TV 0.01 without and 0.1
     with CVB. Rows: ``dataset``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``.
+    ``accuracy``. One unit per row: (dataset, defense); the estimate of its
+    work counts all four datasets.
     """
     kernels = ctx.config.kernels
     present, skipped = medmnist_present(ctx, list(kernels))
-    rows = []
-    for name in present:
+
+    def unit(cell: tuple[str, str]) -> list[dict[str, Any]]:
+        name, defense = cell
         victims = load_victims(ctx, name, ctx.config.victims)
         classes = int(ctx.dataset(name, split="train").labels.max()) + 1
-        for defense, spec, tv in (
-            ("none", None, 0.01),
-            ("cvb", {**CVB_DEFAULT, "kernel_size": kernels[name]}, 0.1),
-        ):
-            model = cnn(spec, seed=ctx.seed, num_classes=classes)
-            attack = cvb_attack(
-                "inverting-gradients", ctx.config, tv=tv, include=attack_layers(model)
-            )
-            case, result = run_attack(ctx, model, victims, attack)
-            fresh = cnn(spec, seed=ctx.seed, num_classes=classes)
-            rows.append(ssim_row(case, result, dataset=name, defense=defense,
-                                 accuracy=fedavg_accuracy(ctx, fresh, name)))  # fmt: skip
-    return {"rows": rows, "data": skipped}
+        spec, tv = None, 0.01
+        if defense == "cvb":
+            spec, tv = {**CVB_DEFAULT, "kernel_size": kernels[name]}, 0.1
+        model = cnn(spec, seed=ctx.seed, num_classes=classes)
+        attack = cvb_attack("inverting-gradients", ctx.config, tv=tv, include=attack_layers(model))
+        case, result = run_attack(ctx, model, victims, attack)
+        fresh = cnn(spec, seed=ctx.seed, num_classes=classes)
+        return [ssim_row(case, result, dataset=name, defense=defense,
+                         accuracy=fedavg_accuracy(ctx, fresh, name))]  # fmt: skip
+
+    cells = [(name, defense) for name in present for defense in ("none", "cvb")]
+    return {"rows": ctx.units(cells, unit, "Table VI"), "data": skipped}
 
 
 @experiment(
@@ -217,6 +248,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
     ),
     reference_source="CVB paper, supplementary Table VII (CIFAR-10 test accuracy of the MLP)",
     datasets=("cifar10",),
+    work=lambda ctx: [training_loads(ctx, "cifar10", _table7_net(ctx.config.width))] * 4,
 )
 def table7_bias(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table VII: accuracy of an MLP with and without biases, with and without PRECODE.
@@ -226,16 +258,28 @@ def table7_bias(ctx: Context) -> list[dict[str, Any]]:
     classifier. Removing biases defeats the closed-form attack (which needs a
     bias gradient) at almost no cost in accuracy. Rows: ``model``
     ("baseline" or "precode"), ``bias`` (bool), ``accuracy``. Data: ``cifar10``.
+    One unit per row: (model, bias).
     """
-    rows = []
-    for precode in (False, True):
-        for bias in (True, False):
-            torch.manual_seed(ctx.seed)
-            widths = (ctx.config.width,) * 3
-            model = models.build("mlp", in_shape=SHAPE, num_classes=10, widths=widths, norm="batch",
-                                 bias=bias, init="torch")  # fmt: skip
-            spec = {"kind": "precode", "bias": bias} if precode else None
-            model = apply_bottleneck_option(model, spec, SHAPE)
-            rows.append({"model": "precode" if precode else "baseline", "bias": bias,
-                         "accuracy": fedavg_accuracy(ctx, model, "cifar10")})  # fmt: skip
-    return rows
+
+    def unit(cell: tuple[str, bool]) -> list[dict[str, Any]]:
+        name, bias = cell
+        torch.manual_seed(ctx.seed)
+        model = _mlp(ctx.config.width, bias)
+        spec = {"kind": "precode", "bias": bias} if name == "precode" else None
+        model = apply_bottleneck_option(model, spec, SHAPE)
+        return [{"model": name, "bias": bias,
+                 "accuracy": fedavg_accuracy(ctx, model, "cifar10")}]  # fmt: skip
+
+    cells = [(name, bias) for name in ("baseline", "precode") for bias in (True, False)]
+    return ctx.units(cells, unit, "Table VII")
+
+
+def _mlp(width: int, bias: bool) -> nn.Module:
+    """Table VII's MLP: three hidden layers of ``width`` with batch norm, then the classifier."""
+    return models.build("mlp", in_shape=SHAPE, num_classes=10, widths=(width,) * 3,
+                        norm="batch", bias=bias, init="torch")  # fmt: skip
+
+
+def _table7_net(width: int) -> Net:
+    """Table VII's MLP as the probes time it."""
+    return Net(f"mlp (width {width}, Table VII)", partial(_mlp, width, True), SHAPE)

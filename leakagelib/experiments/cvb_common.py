@@ -25,11 +25,18 @@ patience 40.
 The experiments live in :mod:`.cvb_precode` (Tables I–II), :mod:`.cvb_defenses`
 (Tables III–IV, Fig. 9) and :mod:`.cvb_architectures` (Tables V–VII); the
 chapter "Variational bottlenecks" runs them and builds its own analyses with
-:mod:`.cvb_analysis`.
+:mod:`.cvb_analysis`. Each of them runs its table's cells as units
+(:meth:`~leakagelib.experiments.Context.units`, one attack and its training
+run each), so that an interrupted paper-scale run resumes; every unit seeds
+what it draws itself (:func:`cnn`, :func:`run_attack`, FedAvg's ``seed``), so
+its rows are those of a run without units. :func:`attack_load` and
+:func:`training_loads` count a unit's work for ``campaign``'s estimates
+(:mod:`.work`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -52,16 +59,19 @@ from ..fl import federated_averaging
 from .case import Case, build_case
 from .config import ScaleConfig, Settings
 from .registry import Context
+from .work import LBFGS_EVALUATIONS, Load, Net, evaluation_load, split_size
 
 __all__ = [
     "ATTACK",
     "ATTACKS",
     "CVB_DEFAULT",
+    "CVB_NET",
     "PRECODE_TABLE2",
     "SHAPE",
     "TRAINING",
     "Victims",
     "attack_layers",
+    "attack_load",
     "client_epsilon",
     "cnn",
     "cvb_attack",
@@ -73,6 +83,7 @@ __all__ = [
     "run_attack",
     "ssim_row",
     "to_rgb32",
+    "training_loads",
 ]
 
 #: The authors' input shape for every dataset (``configs/data/*.yaml``: [3, 32, 32]).
@@ -265,3 +276,35 @@ def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:
     per_client = n / settings.clients * (1 - settings.val_fraction)
     rate = min(1.0, settings.batch_size / per_client)
     return epsilon_spent(dp.noise_multiplier, rate, dp.steps // settings.clients, dp.delta)
+
+
+#: The CVB CNN as ``campaign``'s probes time it; its bottleneck variants are counted at its cost.
+CVB_NET = Net("cvb-cnn", cnn, SHAPE)
+
+
+def attack_load(settings: Settings, name: str, net: Net = CVB_NET) -> Load:
+    """The work of attack ``name`` (:data:`ATTACKS`) on all victims at ``settings``' scale.
+
+    L-BFGS (iDLG, CPL) is counted at :data:`~.work.LBFGS_EVALUATIONS` evaluations per step.
+    """
+    if name == "inverting-gradients":
+        return Load(net, "attack", settings.victims, settings.ig_steps)
+    return Load(net, "attack", settings.victims, settings.lbfgs_steps * LBFGS_EVALUATIONS)
+
+
+def training_loads(ctx: Context, logical: str, net: Net = CVB_NET) -> list[Load]:
+    """The work of :func:`fedavg_accuracy` on ``logical``: every round's local steps and evaluations.
+
+    All ``rounds`` are counted (early stopping may end training sooner);
+    each round evaluates the clients' validation shares and the test split.
+    """
+    s = ctx.config
+    n = split_size(ctx, logical, "train")
+    n = n if s.n_train is None else min(n, s.n_train)
+    shard = n / s.clients
+    n_val = max(1, round(s.val_fraction * shard)) if s.val_fraction > 0 else 0
+    local_steps = math.ceil((shard - n_val) / s.batch_size)
+    return [
+        Load(net, "train", s.batch_size, s.rounds * s.clients * local_steps),
+        evaluation_load(net, split_size(ctx, logical, "test") + s.clients * n_val, s.rounds),
+    ]

@@ -11,7 +11,7 @@ bottlenecks".
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from ..defenses import DPSGD, GradientCompression, GradientDefense, NoDefense
@@ -22,6 +22,7 @@ from .cvb_common import (
     CVB_DEFAULT,
     TRAINING,
     attack_layers,
+    attack_load,
     client_epsilon,
     cnn,
     cvb_attack,
@@ -32,8 +33,10 @@ from .cvb_common import (
     reference_rows,
     run_attack,
     ssim_row,
+    training_loads,
 )
 from .registry import Context, experiment
+from .work import Load
 
 
 @experiment(
@@ -62,6 +65,9 @@ from .registry import Context, experiment
     ),
     reference_source="CVB paper, Table III (mean SSIM and ASR as a fraction, 128 images per cell)",
     datasets=("mnist", "cifar10"),
+    work=lambda ctx: [
+        [attack_load(ctx.config, name)] for _, _, name in table3_units(ctx.config.datasets)
+    ],
 )
 def table3_attacks(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table III: iDLG, CPL and IG against the CNN without defense and with CVB, on MNIST and CIFAR-10.
@@ -71,20 +77,26 @@ def table3_attacks(ctx: Context) -> list[dict[str, Any]]:
     label regulariser is off, as in its authors' notebook. Rows: ``dataset``,
     ``defense`` ("none" or "cvb"), ``attack`` (a preset id), ``ssim``,
     ``ssim_std``, ``asr``, ``psnr`` (min–max rescaled, as the paper's
-    supplementary tables). Data: ``mnist``, ``cifar10``.
+    supplementary tables). Data: ``mnist``, ``cifar10``. One unit per row
+    (:func:`table3_units`).
     """
-    rows = []
-    for dataset in ctx.config.datasets:
-        victims = load_victims(ctx, dataset, ctx.config.victims)
-        for defense, spec, tv in (("none", None, 0.01), ("cvb", CVB_DEFAULT, 0.1)):
-            model = cnn(spec, seed=ctx.seed)
-            for i, name in enumerate(ctx.track(ATTACKS, f"{dataset}/{defense}")):
-                attack = cvb_attack(name, ctx.config, tv=tv, include=attack_layers(model))
-                case, result = run_attack(ctx, model, victims, attack, offset=i)
-                psnr = float(case.score(result, "psnr_minmax").mean())
-                rows.append(ssim_row(case, result, dataset=dataset, defense=defense, attack=name,
-                                     psnr=psnr))  # fmt: skip
-    return rows
+    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+
+    def unit(cell: tuple[str, str, str]) -> list[dict[str, Any]]:
+        dataset, defense, name = cell
+        spec, tv = (None, 0.01) if defense == "none" else (CVB_DEFAULT, 0.1)
+        model = cnn(spec, seed=ctx.seed)
+        attack = cvb_attack(name, ctx.config, tv=tv, include=attack_layers(model))
+        case, result = run_attack(ctx, model, victims(dataset), attack, offset=ATTACKS.index(name))
+        psnr = float(case.score(result, "psnr_minmax").mean())
+        return [ssim_row(case, result, dataset=dataset, defense=defense, attack=name, psnr=psnr)]
+
+    return ctx.units(table3_units(ctx.config.datasets), unit, "Table III")
+
+
+def table3_units(datasets: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """Table III's cells in its order: (dataset, defense, attack)."""
+    return [(d, defense, a) for d in datasets for defense in ("none", "cvb") for a in ATTACKS]
 
 
 #: One defense of Table IV: (name, parameter, bottleneck spec, the gradient defense's constructor).
@@ -102,6 +114,16 @@ def table4_choices(settings: Settings) -> list[DefenseChoice]:
     ]
     choices.append(("cvb", "k=5,s=0.5,beta=0.1", CVB_DEFAULT, NoDefense))
     return choices
+
+
+def _table4_work(ctx: Context) -> list[list[Load]]:
+    """An IG attack and a training run per row (DP-SGD's per-sample steps counted as plain ones)."""
+    ig = attack_load(ctx.config, "inverting-gradients")
+    return [
+        [ig, *training_loads(ctx, dataset)]
+        for dataset in ctx.config.datasets
+        for _ in table4_choices(ctx.config)
+    ]
 
 
 @experiment(
@@ -159,6 +181,7 @@ def table4_choices(settings: Settings) -> list[DefenseChoice]:
         "the table's order (DP: most noise first, judging by accuracy; GC: smaller rate first)"
     ),
     datasets=("mnist", "cifar10"),
+    work=_table4_work,
 )
 def table4_defenses(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table IV: DP-SGD noise levels, gradient compression rates, PRECODE sizes and CVB compared.
@@ -173,28 +196,31 @@ def table4_defenses(ctx: Context) -> list[dict[str, Any]]:
     Rows: ``dataset``, ``defense``, ``parameter``, ``ssim``, ``ssim_std``,
     ``asr``, ``psnr`` (min–max rescaled), ``accuracy``, ``epsilon`` (None
     except DP), ``added`` (bottleneck parameters). Data: ``mnist``, ``cifar10``.
+    One unit per row: (dataset, defense, parameter).
     """
-    rows = []
-    for dataset in ctx.config.datasets:
-        victims = load_victims(ctx, dataset, ctx.config.victims)
-        train_n = len(ctx.dataset(dataset, split="train"))
-        for i, (name, parameter, spec, make) in enumerate(
-            ctx.track(table4_choices(ctx.config), dataset)
-        ):
-            model = cnn(spec, seed=ctx.seed)
-            tv = 0.1 if spec else 0.01
-            attack = cvb_attack(
-                "inverting-gradients", ctx.config, tv=tv, include=attack_layers(model)
-            )
-            case, result = run_attack(ctx, model, victims, attack, defense=make(), offset=i)
-            trained = make()  # a fresh privacy ledger for the training run
-            accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), dataset, defense=trained)
-            epsilon = client_epsilon(ctx.config, trained, train_n) if name == "dp" else None
-            rows.append(ssim_row(case, result, dataset=dataset, defense=name, parameter=parameter,
-                                 accuracy=accuracy, epsilon=epsilon,
-                                 psnr=float(case.score(result, "psnr_minmax").mean()),
-                                 added=n_added(model)))  # fmt: skip
-    return rows
+    choices = table4_choices(ctx.config)
+    named = [(name, parameter) for name, parameter, _, _ in choices]
+    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+
+    def unit(cell: tuple[str, str, Any]) -> list[dict[str, Any]]:
+        dataset, i = cell[0], named.index((cell[1], cell[2]))
+        name, parameter, spec, make = choices[i]
+        model = cnn(spec, seed=ctx.seed)
+        tv = 0.1 if spec else 0.01
+        attack = cvb_attack("inverting-gradients", ctx.config, tv=tv, include=attack_layers(model))
+        case, result = run_attack(ctx, model, victims(dataset), attack, defense=make(), offset=i)
+        trained = make()  # a fresh privacy ledger for the training run
+        accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), dataset, defense=trained)
+        epsilon = None
+        if name == "dp":
+            epsilon = client_epsilon(ctx.config, trained, len(ctx.dataset(dataset, split="train")))
+        return [ssim_row(case, result, dataset=dataset, defense=name, parameter=parameter,
+                         accuracy=accuracy, epsilon=epsilon,
+                         psnr=float(case.score(result, "psnr_minmax").mean()),
+                         added=n_added(model))]  # fmt: skip
+
+    cells = [(dataset, *choice) for dataset in ctx.config.datasets for choice in named]
+    return ctx.units(cells, unit, "Table IV")
 
 
 def fig9_studies(settings: Settings) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -235,6 +261,10 @@ def fig9_studies(settings: Settings) -> list[tuple[str, Any, dict[str, Any]]]:
     ),
     reference_source="CVB paper, Fig. 9 (its values appear only in the figure: no reference rows)",
     datasets=("cifar10",),
+    work=lambda ctx: [
+        [attack_load(ctx.config, "inverting-gradients"), *training_loads(ctx, "cifar10")]
+        for _ in fig9_studies(ctx.config)
+    ],
 )
 def fig9_hyperparams(ctx: Context) -> list[dict[str, Any]]:
     """CVB Fig. 9: CVB position, kernel size, bottleneck scale and β versus privacy and accuracy.
@@ -243,18 +273,21 @@ def fig9_hyperparams(ctx: Context) -> list[dict[str, Any]]:
     k = 5, scale 0.5, β = 0.1), attacked by IG (TV 0.1, ignore attack) and
     trained with FedAvg. Rows: ``study`` ("position", "kernel", "scale",
     "beta"), ``value``, ``added`` parameters, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``. Data: ``cifar10``.
+    ``accuracy``. Data: ``cifar10``. One unit per row: (study, value).
     """
+    studies = fig9_studies(ctx.config)
+    named = [(study, value) for study, value, _ in studies]
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
-    rows = []
-    for i, (study, value, change) in enumerate(
-        ctx.track(fig9_studies(ctx.config), "CVB hyper-parameters")
-    ):
+
+    def unit(cell: tuple[str, Any]) -> list[dict[str, Any]]:
+        i = named.index(tuple(cell))
+        study, value, change = studies[i]
         spec = {**CVB_DEFAULT, **change}
         model = cnn(spec, seed=ctx.seed)
         attack = cvb_attack("inverting-gradients", ctx.config, tv=0.1, include=attack_layers(model))
         case, result = run_attack(ctx, model, victims, attack, offset=i)
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
-        rows.append(ssim_row(case, result, study=study, value=value, added=n_added(model),
-                             accuracy=accuracy))  # fmt: skip
-    return rows
+        return [ssim_row(case, result, study=study, value=value, added=n_added(model),
+                         accuracy=accuracy)]  # fmt: skip
+
+    return ctx.units(named, unit, "Fig. 9")

@@ -16,11 +16,13 @@ from typing import Any
 from torch import nn
 
 from ..defenses import attacked_parameters
+from .config import Settings
 from .cvb_common import (
     ATTACK,
     PRECODE_TABLE2,
     TRAINING,
     attack_layers,
+    attack_load,
     cnn,
     cvb_attack,
     cvb_config,
@@ -30,19 +32,36 @@ from .cvb_common import (
     reference_rows,
     run_attack,
     ssim_row,
+    training_loads,
 )
 from .registry import Context, experiment
+from .work import Load
+
+#: Table I's variants by name (:func:`ignore_variants`), in its order.
+VARIANTS = ("all", "without decoder", "without classifier", "without decoder and later")
 
 
 def ignore_variants(model: nn.Module) -> dict[str, list[str]]:
     """Table I's variants: the parameters each attack reads, from all to the ignore attack's."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {
-        "all": names,
-        "without decoder": [n for n in names if not n.startswith("precode.decoder.")],
-        "without classifier": [n for n in names if not n.startswith("head.")],
-        "without decoder and later": attacked_parameters(model),
-    }
+    chosen = (
+        names,
+        [n for n in names if not n.startswith("precode.decoder.")],
+        [n for n in names if not n.startswith("head.")],
+        attacked_parameters(model),
+    )
+    return dict(zip(VARIANTS, chosen, strict=True))
+
+
+def table1_units(settings: Settings) -> list[tuple[int, str]]:
+    """Table I's cells: (0, "all") without PRECODE, then (position, variant) for every position."""
+    return [(0, "all")] + [(pos, label) for pos in settings.positions for label in VARIANTS]
+
+
+def _table1_work(ctx: Context) -> list[list[Load]]:
+    """One IG attack per cell of Table I."""
+    ig = attack_load(ctx.config, "inverting-gradients")
+    return [[ig] for _ in table1_units(ctx.config)]
 
 
 @experiment(
@@ -66,6 +85,7 @@ def ignore_variants(model: nn.Module) -> dict[str, list[str]]:
     ),
     reference_source="CVB paper, Table I (ASR as a fraction; its SSIMs are lost in our copy)",
     datasets=("cifar10",),
+    work=_table1_work,
 )
 def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table I: which gradients the attack reads versus its success, PRECODE at positions 3 and 2.
@@ -73,18 +93,24 @@ def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
     IG (TV 0.01) on the CNN without PRECODE, then on PRECODE (Table II's) at
     each position reading the gradients of :func:`ignore_variants`. Rows:
     ``position`` (0 = no PRECODE), ``attacked`` (the variant), ``ssim`` (mean,
-    min–max rescaled), ``ssim_std``, ``asr``. Data: ``cifar10``.
+    min–max rescaled), ``ssim_std``, ``asr``. Data: ``cifar10``. One unit per
+    row (:func:`table1_units`).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config, tv=0.01)
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
-    case, result = run_attack(ctx, cnn(seed=ctx.seed), victims, ig(include=None))
-    rows = [ssim_row(case, result, position=0, attacked="all")]
-    for position in ctx.track(ctx.config.positions, "PRECODE positions"):
-        model = cnn({**PRECODE_TABLE2, "position": position}, seed=ctx.seed)
-        for i, (label, include) in enumerate(ignore_variants(model).items()):
-            case, result = run_attack(ctx, model, victims, ig(include=include), offset=i)
-            rows.append(ssim_row(case, result, position=position, attacked=label))
-    return rows
+
+    def unit(cell: tuple[int, str]) -> list[dict[str, Any]]:
+        position, label = cell
+        if position == 0:
+            case, result = run_attack(ctx, cnn(seed=ctx.seed), victims, ig(include=None))
+        else:
+            model = cnn({**PRECODE_TABLE2, "position": position}, seed=ctx.seed)
+            include = ignore_variants(model)[label]
+            case, result = run_attack(ctx, model, victims, ig(include=include),
+                                      offset=VARIANTS.index(label))  # fmt: skip
+        return [ssim_row(case, result, position=position, attacked=label)]
+
+    return ctx.units(table1_units(ctx.config), unit, "Table I")
 
 
 @experiment(
@@ -109,6 +135,10 @@ def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
         "copy are absent; position 2's ASR is Table I's ignore attack at position 2)"
     ),
     datasets=("cifar10",),
+    work=lambda ctx: [
+        [attack_load(ctx.config, "inverting-gradients"), *training_loads(ctx, "cifar10")]
+        for _ in ctx.config.positions
+    ],
 )
 def table2_placement(ctx: Context) -> list[dict[str, Any]]:
     """CVB Table II: PRECODE at each position — added parameters, privacy (ignore attack) and accuracy.
@@ -117,17 +147,18 @@ def table2_placement(ctx: Context) -> list[dict[str, Any]]:
     counts exactly), attacked by IG (TV 0.01) reading the gradients before its
     decoder. Rows: ``position`` (0 = baseline), ``parameters`` (total),
     ``added`` (by PRECODE), ``ssim``, ``ssim_std``, ``asr``, ``accuracy``.
-    Data: ``cifar10``.
+    Data: ``cifar10``. One unit per position.
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config, tv=0.01)
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
-    rows = []
-    for position in ctx.track(ctx.config.positions, "positions"):
+
+    def unit(position: int) -> list[dict[str, Any]]:
         spec = None if position == 0 else {**PRECODE_TABLE2, "position": position}
         model = cnn(spec, seed=ctx.seed)
         case, result = run_attack(ctx, model, victims, ig(include=attack_layers(model)))
         total = sum(p.numel() for p in model.parameters())
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
-        rows.append(ssim_row(case, result, position=position, parameters=total,
-                             added=n_added(model), accuracy=accuracy))  # fmt: skip
-    return rows
+        return [ssim_row(case, result, position=position, parameters=total,
+                         added=n_added(model), accuracy=accuracy)]  # fmt: skip
+
+    return ctx.units(ctx.config.positions, unit, "Table II")

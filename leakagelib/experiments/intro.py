@@ -15,6 +15,10 @@ from ..attacks import bias_attack
 from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
+from .work import Load, Net
+
+#: The attacked MLP on MNIST-sized inputs, as ``campaign``'s probes time it.
+MLP_NET = Net("mlp 1×28×28", lambda: models.build("mlp", (1, 28, 28), 10), (1, 28, 28))
 
 __all__ = ["bias_attack_experiment"]
 
@@ -28,6 +32,7 @@ __all__ = ["bias_attack_experiment"]
         sources={"victims": "ours (the first 100 MNIST test images; the attack is exact for any)"},
     ),
     datasets=("mnist",),
+    work=lambda ctx: [[Load(MLP_NET, "train", ctx.config.victims)]],  # the per-image gradients
 )
 def bias_attack_experiment(ctx: Context) -> list[dict]:
     """Closed-form recovery of each image from an MLP's first-layer gradient (Phong et al.).

@@ -27,7 +27,8 @@ import torch
 from .. import data as _data
 from ..records import jsonable, provenance
 from .config import EMPTY, ScaleConfig, Settings
-from .resume import PartialRecord, unit_seed
+from .resume import PartialRecord, unit_key, unit_seed
+from .work import WorkFn
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -166,14 +167,21 @@ class Context:
         """A seeded CPU generator, distinct for each ``offset``."""
         return torch.Generator().manual_seed(self.seed * 1_000_003 + offset)
 
-    def track(self, iterable: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
-        """Iterate with a tqdm progress bar when ``progress`` is on."""
+    def track(
+        self, iterable: Iterable[T], desc: str, total: int | None = None, initial: int = 0
+    ) -> Iterator[T]:
+        """Iterate with a tqdm progress bar when ``progress`` is on.
+
+        ``initial`` items count as done before the first (a resumed run's
+        finished units): the bar starts there and its rate and ETA count only
+        the items iterated here.
+        """
         if not self.progress:
             yield from iterable
             return
         from tqdm.auto import tqdm
 
-        yield from tqdm(iterable, desc=desc, total=total, leave=False)
+        yield from tqdm(iterable, desc=desc, total=total, initial=initial, leave=False)
 
     def units(
         self, keys: Iterable[K], compute: Callable[[K], list[dict[str, Any]]], desc: str
@@ -184,21 +192,22 @@ class Context:
         run's seed and its key, so its rows do not depend on the units before
         it; with a partial record (a command-line run) finished units are read
         back instead of recomputed, and every new one is saved as it finishes.
-        The progress bar shows the units left and an ETA.
+        The progress bar counts the finished units as done and shows an ETA
+        from the pace of the units computed in this run.
         """
         keys = list(keys)
-        rows: list[dict[str, Any]] = []
-        for key in self.track(keys, desc, total=len(keys)):
-            done = self.partial.get(key) if self.partial is not None else None
-            if done is None:
-                torch.manual_seed(unit_seed(self.seed, key))
-                start = time.perf_counter()
-                done = compute(key)
-                if self.partial is not None:
-                    done = jsonable(done)
-                    self.partial.add(key, done, time.perf_counter() - start, len(keys))
-            rows.extend(done)
-        return rows
+        found = {unit_key(k): self.partial.get(k) for k in keys} if self.partial is not None else {}
+        done = {k: rows for k, rows in found.items() if rows is not None}
+        left = [k for k in keys if unit_key(k) not in done]
+        for key in self.track(left, desc, total=len(keys), initial=len(keys) - len(left)):
+            torch.manual_seed(unit_seed(self.seed, key))
+            start = time.perf_counter()
+            rows = compute(key)
+            if self.partial is not None:
+                rows = jsonable(rows)
+                self.partial.add(key, rows, time.perf_counter() - start, len(keys))
+            done[unit_key(key)] = rows
+        return [row for key in keys for row in done[unit_key(key)]]
 
 
 def data_entry(spec: str, uses: dict[tuple[str, str], torch.Tensor]) -> dict[str, Any]:
@@ -238,7 +247,9 @@ class Experiment:
     ``config`` holds its settings at both scales (:class:`ScaleConfig`);
     ``reference`` the paper's numbers as rows with the same keys as the
     experiment's own rows (what :func:`leakagelib.reporting.compare` puts
-    beside them), and ``reference_source`` where in the paper they stand.
+    beside them), and ``reference_source`` where in the paper they stand;
+    ``work`` counts what a run computes, per unit (:mod:`.work`), for the
+    time estimates of ``campaign`` (:mod:`.estimate`).
     """
 
     id: str
@@ -249,6 +260,7 @@ class Experiment:
     reference: tuple[dict[str, Any], ...] = ()
     reference_source: str = ""
     datasets: tuple[str, ...] = ()
+    work: WorkFn | None = None
 
 
 _EXPERIMENTS: dict[str, Experiment] = {}
@@ -262,13 +274,15 @@ def experiment(
     reference: Iterable[dict[str, Any]] = (),
     reference_source: str = "",
     datasets: Iterable[str] = (),
+    work: WorkFn | None = None,
 ) -> Callable[[ExperimentFn], ExperimentFn]:
     """Register ``fn(ctx) -> rows`` under ``id``; every row must carry ``row_keys``.
 
     ``config`` is the experiment's :class:`ScaleConfig` (the function reads
     ``ctx.config``); ``reference`` the paper's numbers as rows, and
     ``reference_source`` the table or figure they come from; ``datasets``
-    the logical dataset names it loads (what ``--data NAME=...`` may replace).
+    the logical dataset names it loads (what ``--data NAME=...`` may replace);
+    ``work(ctx)`` the loads of each unit of a run in ``ctx`` (:mod:`.work`).
     """
 
     def decorate(fn: ExperimentFn) -> ExperimentFn:
@@ -277,7 +291,7 @@ def experiment(
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         rows = tuple(dict(r) for r in reference)
         _EXPERIMENTS[id] = Experiment(
-            id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets)
+            id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets), work
         )
         return fn
 

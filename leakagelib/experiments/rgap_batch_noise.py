@@ -4,8 +4,8 @@ A client with a batch sends the mean of its images' gradients, and every
 constraint of R-GAP is linear in the gradient, so R-GAP returns a linear
 combination of the batch's images (Appendix F). Gaussian noise on the update
 is averaged by least squares over each layer's constraints, which a wider
-network has more of (Appendix G, Figure 9). Chapter "Closed-form attacks"
-shows both.
+network has more of (Appendix G, Figure 9); each network there is a unit of
+the run. Chapter "Closed-form attacks" shows both.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from .rgap_common import (
     DATASETS,
     labels_mu_negative,
     logistic_case,
+    solve_net,
     stack_model,
     victims,
     zoo_model,
 )
+from .work import Load
 
 APPF_CONFIG = ScaleConfig(
     ci={"batch_sizes": (2, 5)},
@@ -48,6 +50,9 @@ def _best_combination(images: Tensor, target: Tensor) -> tuple[Tensor, float]:
     row_keys=("batch_size", "fit_residual"),
     config=APPF_CONFIG,
     datasets=("mnist",),
+    work=lambda ctx: [
+        [Load(solve_net(DATASETS["mnist"], "fcn3"), "solve", 1) for _ in ctx.config.batch_sizes]
+    ],
 )
 def appf_batch(ctx: Context) -> list[dict]:
     """Appendix F: R-GAP on a batch update of FCN3 returns a linear combination of the images.
@@ -107,6 +112,17 @@ def _rgap_mse(case: Case, updates: Update) -> float:
     row_keys=("model", "noise", "mse"),
     config=APPG_CONFIG,
     datasets=("mnist",),
+    work=lambda ctx: [
+        [
+            Load(
+                solve_net(DATASETS["mnist"], name, ARCHITECTURES[name]),
+                "solve",
+                ctx.config.victims,
+                len(ctx.config.noise_levels),
+            )
+        ]  # fmt: skip
+        for name in ("cnn6", "wide")
+    ],
 )
 def appg_noise(ctx: Context) -> list[dict]:
     """Appendix G: R-GAP's error under Gaussian gradient noise, CNN6 against a wider CNN6.
@@ -114,16 +130,19 @@ def appg_noise(ctx: Context) -> list[dict]:
     Rows: model ("cnn6", "wide": every layer twice as wide), noise (standard
     deviation relative to each layer's gradient RMS), mse (mean over images).
     MNIST-sized inputs; the structured solver averages the noise over each
-    layer's gradient rows, of which a wider layer has more.
+    layer's gradient rows, of which a wider layer has more. One unit per model.
     """
     shape = DATASETS["mnist"]
     x = victims(ctx, "mnist", ctx.config.victims)
-    rows = []
-    for name in ("cnn6", "wide"):
+
+    def unit(name: str) -> list[dict]:
         model = stack_model(ctx, shape, ARCHITECTURES[name], name)
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         gen = ctx.generator(2)
+        rows = []
         for level in ctx.config.noise_levels:
             noisy = _relative_noise(case.updates, level, gen)
             rows.append({"model": name, "noise": level, "mse": _rgap_mse(case, noisy)})
-    return rows
+        return rows
+
+    return ctx.units(("cnn6", "wide"), unit, "Appendix G")

@@ -3,13 +3,15 @@
 Untrained CNN6 / CNN6-d (Table 1) and DLG's LeNet (Table 2) in float64 with
 R-GAP's logistic loss; every victim image is its own client. DLG gets the
 true label, as in the paper ("the experiment actually compares R-GAP with
-iDLG"). Chapter "Closed-form attacks" shows both tables.
+iDLG"). Each cell of rows (a network on a dataset) is a unit of its run.
+Chapter "Closed-form attacks" shows both tables.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
@@ -19,7 +21,16 @@ from ..rgap import dlg_logistic, hgap, rgap, rgap_then_dlg
 from .case import Case
 from .config import ScaleConfig
 from .registry import Context, experiment
-from .rgap_common import DATASETS, labels_mu_negative, logistic_case, victims, zoo_model
+from .rgap_common import (
+    DATASETS,
+    dlg_net,
+    labels_mu_negative,
+    logistic_case,
+    solve_net,
+    victims,
+    zoo_model,
+)
+from .work import LBFGS_EVALUATIONS, Load
 
 #: Tables 1 and 2 compare R-GAP with DLG on the same victims and DLG budget.
 CONFIG = ScaleConfig(
@@ -31,6 +42,14 @@ CONFIG = ScaleConfig(
         "no count; R-GAP → DLG runs as many here, where §5 runs 8% of them",
     },
 )
+
+
+def _cell_work(ctx: Context, dataset: str, name: str, **options: Any) -> list[Load]:
+    """R-GAP on every victim; DLG and R-GAP → DLG, ``dlg_steps`` L-BFGS steps on all of them."""
+    shape, n = DATASETS[dataset], ctx.config.victims
+    dlg = Load(dlg_net(shape, name, **options), "attack", n,
+               ctx.config.dlg_steps * LBFGS_EVALUATIONS)  # fmt: skip
+    return [Load(solve_net(shape, name, **options), "solve", n), dlg, dlg]
 
 
 def _table1_row(dataset: str, model: str, attack: str, mse: float, std: float) -> dict[str, Any]:
@@ -74,6 +93,9 @@ def _mse(case: Case, result: AttackResult) -> dict[str, float]:
     reference_source="Table 1 of Zhu & Blaschko (2021): MSE, mean ± std over images "
     "(no timings; R-GAP → DLG appears in Table 2 only)",
     datasets=("cifar10", "mnist"),
+    work=lambda ctx: [
+        _cell_work(ctx, dataset, name) for dataset in DATASETS for name in ("cnn6", "cnn6-d")
+    ],
 )
 def table1(ctx: Context) -> list[dict]:
     """Table 1: R-GAP, DLG, H-GAP and R-GAP → DLG on CNN6 and CNN6-d at initialisation (MSE).
@@ -83,31 +105,37 @@ def table1(ctx: Context) -> list[dict]:
     runs ``dlg_steps`` L-BFGS steps on all images at once; R-GAP → DLG runs as
     many steps from R-GAP's output (the paper reports it in Table 2 only).
     H-GAP's seconds are R-GAP's plus DLG's, R-GAP → DLG's include R-GAP's.
+    One unit per (dataset, model).
     """
     cfg = ctx.config
-    rows = []
-    for dataset, shape in DATASETS.items():
-        x = victims(ctx, dataset, cfg.victims)
-        for name in ("cnn6", "cnn6-d"):
-            model = zoo_model(ctx, name, shape)
-            case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
-            on = (case.model, case.updates, case.labels)
-            steps = {"input_shape": shape, "steps": cfg.dlg_steps}
-            by_rgap, t_rgap = _timed(rgap, *on, input_shape=shape)
-            by_dlg, t_dlg = _timed(dlg_logistic, *on, **steps, generator=ctx.generator(1))
-            by_hgap = hgap(*on, input_shape=shape, rgap_result=by_rgap, dlg_result=by_dlg)
-            by_both, t_both = _timed(
-                rgap_then_dlg, *on, **steps, generator=ctx.generator(1), rgap_result=by_rgap
-            )
-            for attack, result, seconds in (
-                ("rgap", by_rgap, t_rgap),
-                ("dlg", by_dlg, t_dlg),
-                ("hgap", by_hgap, t_rgap + t_dlg),
-                ("rgap→dlg", by_both, t_rgap + t_both),
-            ):
-                head = {"dataset": dataset, "model": name, "attack": attack}
-                rows.append({**head, **_mse(case, result), "seconds": seconds, "n": len(x)})
-    return rows
+    images = cache(lambda dataset: victims(ctx, dataset, cfg.victims))
+
+    def unit(cell: tuple[str, str]) -> list[dict]:
+        dataset, name = cell
+        shape, x = DATASETS[dataset], images(dataset)
+        model = zoo_model(ctx, name, shape)
+        case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
+        on = (case.model, case.updates, case.labels)
+        steps = {"input_shape": shape, "steps": cfg.dlg_steps}
+        by_rgap, t_rgap = _timed(rgap, *on, input_shape=shape)
+        by_dlg, t_dlg = _timed(dlg_logistic, *on, **steps, generator=ctx.generator(1))
+        by_hgap = hgap(*on, input_shape=shape, rgap_result=by_rgap, dlg_result=by_dlg)
+        by_both, t_both = _timed(
+            rgap_then_dlg, *on, **steps, generator=ctx.generator(1), rgap_result=by_rgap
+        )
+        rows = []
+        for attack, result, seconds in (
+            ("rgap", by_rgap, t_rgap),
+            ("dlg", by_dlg, t_dlg),
+            ("hgap", by_hgap, t_rgap + t_dlg),
+            ("rgap→dlg", by_both, t_rgap + t_both),
+        ):
+            head = {"dataset": dataset, "model": name, "attack": attack}
+            rows.append({**head, **_mse(case, result), "seconds": seconds, "n": len(x)})
+        return rows
+
+    cells = [(dataset, name) for dataset in DATASETS for name in ("cnn6", "cnn6-d")]
+    return ctx.units(cells, unit, "Table 1")
 
 
 def _table2_row(model: str, conds: tuple, dlg: float, rgap_: float, both: float) -> dict:
@@ -136,6 +164,10 @@ def _table2_row(model: str, conds: tuple, dlg: float, rgap_: float, both: float)
     reference_source="Table 2 of Zhu & Blaschko (2021): condition numbers and MSE, means "
     "over images (LeNet* is lenet-leaky)",
     datasets=("cifar10",),
+    work=lambda ctx: [
+        _cell_work(ctx, "cifar10", name, bias=False, init="torch")
+        for name in ("lenet", "lenet-leaky")
+    ],
 )
 def table2_lenet(ctx: Context) -> list[dict]:
     """Table 2: condition numbers of LeNet's convolutions; MSE of DLG, R-GAP and R-GAP → DLG.
@@ -159,13 +191,13 @@ def table2_lenet(ctx: Context) -> list[dict]:
     27, LeNet* 1.1e3 / 9.4e2 / 11, against the paper's 1.8e4 / 6.1e3 / 32 and
     1.2e3 / 1.3e3 / 14. DLG's own U(±0.5) initialisation (``init="dlg"``)
     gives 2.6e2 / 1.0e3 / 18 instead, so the paper used PyTorch's default, as
-    its code does.
+    its code does. One unit per model.
     """
     cfg = ctx.config
     shape = DATASETS["cifar10"]
     x = victims(ctx, "cifar10", cfg.victims)
-    rows = []
-    for name in ("lenet", "lenet-leaky"):
+
+    def unit(name: str) -> list[dict]:
         model = zoo_model(ctx, name, shape, bias=False, init="torch")
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         on = (case.model, case.updates, case.labels)
@@ -176,5 +208,6 @@ def table2_lenet(ctx: Context) -> list[dict]:
         conds = [[layer.condition for layer in found.layers[:3]] for found in by_rgap.details]
         cond = torch.tensor(conds, dtype=torch.float64).mean(dim=0).tolist()
         mse = [float(case.score(res, "mse").mean()) for res in (by_dlg, by_rgap, by_both)]
-        rows.append({**_table2_row(name, tuple(cond), *mse), "n": len(x)})
-    return rows
+        return [{**_table2_row(name, tuple(cond), *mse), "n": len(x)}]
+
+    return ctx.units(("lenet", "lenet-leaky"), unit, "Table 2")

@@ -5,11 +5,14 @@ in float64 with R-GAP's logistic loss on images in [0, 1] (no normalisation).
 As in the authors' code (JunyiZhu-AI/R-GAP, ``main.py``), the model is
 initialised after seeding and the label is chosen so that μ < 0 (then μ is
 unique), except in ``rgap/twin-data`` and ``rgap/twin-dlg``, which want the
-twin. Used by :mod:`.rgap_closed_form`, :mod:`.rgap_rank` and :mod:`.rgap_twin`.
+twin. Used by :mod:`.rgap_closed_form`, :mod:`.rgap_rank` and :mod:`.rgap_twin`;
+:func:`solve_net` and :func:`dlg_net` name their networks for ``campaign``'s
+estimates (:mod:`.work`).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,12 +23,15 @@ from ..models import build
 from ..models.rgap_nets import CNN6_LAYERS, conv_stack
 from .case import Case, build_case
 from .registry import Context
+from .work import Net
 
 __all__ = [
     "ARCHITECTURES",
     "DATASETS",
+    "dlg_net",
     "labels_mu_negative",
     "logistic_case",
+    "solve_net",
     "stack_model",
     "victims",
     "zoo_model",
@@ -76,3 +82,32 @@ def logistic_case(ctx: Context, model: nn.Module, images: Tensor, labels: Tensor
     return build_case(
         model, images, labels, Normalizer.identity(), device=ctx.device, loss="logistic"
     )
+
+
+def _seeded(make: Any, *args: Any, **options: Any) -> nn.Module:
+    """``make(*args, **options)`` after seeding with 0 (a probe's network)."""
+    torch.manual_seed(0)
+    return make(*args, **options)
+
+
+def solve_net(
+    in_shape: tuple[int, int, int], name: str, layers: tuple | None = None, **options: Any
+) -> Net:
+    """The one-logit float64 network R-GAP solves, as the probes time it.
+
+    Zoo model ``name`` (with ``options``), or the chain ``layers`` of
+    :data:`ARCHITECTURES` named ``name``, on inputs of ``in_shape``.
+    """
+    if layers is None:
+        make = partial(_seeded, build, name, in_shape=in_shape, num_classes=1, **options)
+    else:
+        make = partial(_seeded, conv_stack, in_shape, 1, layers, name=name)
+    shape = "×".join(map(str, in_shape))
+    return Net(f"{name} {shape} (R-GAP)", lambda: make().double(), in_shape, classes=1)
+
+
+def dlg_net(in_shape: tuple[int, int, int], name: str, **options: Any) -> Net:
+    """Zoo model ``name`` as DLG attacks it (in float32), as the probes time it (ten outputs)."""
+    shape = "×".join(map(str, in_shape))
+    make = partial(_seeded, build, name, in_shape=in_shape, num_classes=10, **options)
+    return Net(f"{name} {shape}", make, in_shape)

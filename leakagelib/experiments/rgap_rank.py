@@ -3,10 +3,13 @@
 ``rgap/table3-rank`` sets RA-i and the exact local rank deficiency of five
 plain chains beside R-GAP's error; ``rgap/fig4-resnet-skip`` trains ResNet-18
 and two skip-cut variants with cross-entropy and attacks them with Inverting
-Gradients, as §5 does. Chapter "Rank analysis" shows both.
+Gradients, as §5 does. Each network is a unit of its run. Chapter "Rank
+analysis" shows both.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -25,9 +28,11 @@ from .rgap_common import (
     DATASETS,
     labels_mu_negative,
     logistic_case,
+    solve_net,
     stack_model,
     victims,
 )
+from .work import Load, Net, evaluation_load, split_size
 
 TABLE3_CONFIG = ScaleConfig(
     ci={"victims": 1},
@@ -77,6 +82,10 @@ def _analysis_with_ranks(
     "CIFAR-10's test set) of the five networks of its Figure 2, which are not the "
     "architectures run here",
     datasets=("cifar10",),
+    work=lambda ctx: [
+        [Load(solve_net(DATASETS["cifar10"], name, layers), "solve", ctx.config.victims)]
+        for name, layers in ARCHITECTURES.items()
+    ],
 )
 def table3_rank(ctx: Context) -> list[dict]:
     """Table 3: RA-i and the exact local rank deficiency against R-GAP's MSE.
@@ -85,17 +94,17 @@ def table3_rank(ctx: Context) -> list[dict]:
     ra_i, critical (layer), local_deficiency (largest unknowns − exact rank of
     a layer's own constraints; positive: R-GAP cannot fully recover), mse
     (R-GAP, mean over images), n. The exact ranks come from R-GAP's solve of
-    the first image.
+    the first image. One unit per model.
     """
     shape = DATASETS["cifar10"]
     x = victims(ctx, "cifar10", ctx.config.victims)
-    rows = []
-    for name, layers in ARCHITECTURES.items():
-        model = stack_model(ctx, shape, layers, name)
+
+    def unit(name: str) -> list[dict]:
+        model = stack_model(ctx, shape, ARCHITECTURES[name], name)
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         result = rgap(case.model, case.updates, case.labels, input_shape=shape)
         analysis = _analysis_with_ranks(model, shape, result.details[0], x[:1])
-        rows.append(
+        return [
             {
                 "model": name,
                 "ra_i": analysis.ra_i,
@@ -104,8 +113,9 @@ def table3_rank(ctx: Context) -> list[dict]:
                 "mse": float(case.score(result, "mse").mean()),
                 "n": len(x),
             }
-        )
-    return rows
+        ]
+
+    return ctx.units(ARCHITECTURES, unit, "Table 3")
 
 
 FIG4_CONFIG = ScaleConfig(
@@ -148,6 +158,26 @@ def _fig4_net(cut: tuple[int, ...]) -> nn.Module:
     )
 
 
+def _fig4_work(ctx: Context) -> list[list[Load]]:
+    """Per variant: every epoch's training steps, its validation pass, the test pass, the attack."""
+    cfg = ctx.config
+    n_train, n_test = split_size(ctx, "cifar10", "train"), split_size(ctx, "cifar10", "test")
+    n_val = max(1, int(round(cfg.val_fraction * n_train)))
+    per_epoch = max(1, (n_train - n_val) // cfg.batch_size)
+    loads = []
+    for variant, cut in FIG4_VARIANTS:
+        net = Net(f"{variant} (Figure 4)", partial(_fig4_net, cut), DATASETS["cifar10"])
+        trained = Net(f"{variant} (Figure 4, eval mode)", lambda c=cut: _fig4_net(c).eval(),
+                      DATASETS["cifar10"])  # fmt: skip
+        loads.append([
+            Load(net, "train", cfg.batch_size, per_epoch * cfg.epochs),
+            evaluation_load(net, n_val, passes=cfg.epochs),
+            evaluation_load(net, n_test),
+            Load(trained, "attack", min(cfg.victims, n_test), cfg.attack_steps),
+        ])  # fmt: skip
+    return loads
+
+
 def _train_best(ctx: Context, net: nn.Module, x: Tensor, y: Tensor) -> nn.Module:
     """Train ``epochs`` epochs and keep the epoch with the best validation accuracy (Fig. 4)."""
     cfg = ctx.config
@@ -181,6 +211,7 @@ def _train_best(ctx: Context, net: nn.Module, x: Tensor, y: Tensor) -> nn.Module
     row_keys=("model", "cut_skip", "ra_i", "critical", "accuracy", "mse"),
     config=FIG4_CONFIG,
     datasets=("cifar10",),
+    work=_fig4_work,
 )
 def fig4_resnet_skip(ctx: Context) -> list[dict]:
     """Figure 4: ResNet-18 (base width 16) and its skip-cut variants — RA-i, accuracy, IG's MSE.
@@ -196,15 +227,17 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
     :func:`~leakagelib.attacks.presets.inverting_gradients` preset (the
     approach of Geiping et al. 2020 that §5 uses) on single-image updates of
     the test split, label given, BatchNorm in eval mode. Chapter "Rank
-    analysis" shows these rows.
+    analysis" shows these rows. One unit per network.
     """
     cfg = ctx.config
     train_x, train_y, norm = ctx.dataset("cifar10", split="train")
     test_x, test_y, _ = ctx.dataset("cifar10", split="test")
     train_x, train_y = norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device)
     test_xn, test_yd = norm.normalize(test_x).to(ctx.device), test_y.to(ctx.device)
-    rows = []
-    for variant, cut in ctx.track(FIG4_VARIANTS, "fig4 variants"):
+    cuts = dict(FIG4_VARIANTS)
+
+    def unit(variant: str) -> list[dict]:
+        cut = cuts[variant]
         torch.manual_seed(ctx.seed)
         net = _fig4_net(cut).to(ctx.device)
         analysis = rank_analysis(net, DATASETS["cifar10"])
@@ -219,7 +252,7 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
         rec = case.reconstructions(result).clamp(0, 1)
         # the MSE in the attack's float32, as this experiment's records have it
         err = (rec - case.images.to(rec.dtype)).pow(2).flatten(1).mean(dim=1)
-        rows.append(
+        return [
             {
                 "model": variant,
                 "cut_skip": list(cut),
@@ -230,5 +263,6 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
                 "mse_std": float(err.std()) if len(err) > 1 else 0.0,
                 "n": len(err),
             }
-        )
-    return rows
+        ]
+
+    return ctx.units(list(cuts), unit, "Figure 4")

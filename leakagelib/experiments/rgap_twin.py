@@ -9,11 +9,14 @@ shows both.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from .. import metrics
 from ..gradients import client_update
+from ..models.rgap_nets import conv_stack
 from ..rgap import dlg_logistic, rgap
 from ..rgap.recursive import RGAPDetails
 from .case import Case
@@ -23,10 +26,12 @@ from .rgap_common import (
     DATASETS,
     labels_mu_negative,
     logistic_case,
+    solve_net,
     stack_model,
     victims,
     zoo_model,
 )
+from .work import LBFGS_EVALUATIONS, Load, Net
 
 
 def _errors(found: RGAPDetails, x: Tensor) -> list[float]:
@@ -47,6 +52,7 @@ def _update_distance(case: Case, image: Tensor) -> float:
     "rgap/twin-data",
     row_keys=("candidate", "mu", "mse", "scale", "update_distance"),
     datasets=("cifar10",),
+    work=lambda ctx: [[Load(solve_net(DATASETS["cifar10"], "cnn6"), "solve", 1)]],
 )
 def twin_data(ctx: Context) -> list[dict]:
     """Appendix B: with μ > 0 two values of μ fit the update — the image and its twin.
@@ -129,6 +135,15 @@ def _starts(ctx: Context, x: Tensor) -> Tensor:
     return torch.cat([ray + cfg.start_noise * x.std() * noise, random])
 
 
+def _twin_dlg_work(ctx: Context) -> list[list[Load]]:
+    """One L-BFGS run of ``dlg_steps`` steps on one 8×8 image per start (one unit)."""
+    cfg = ctx.config
+    shape = (1, 8, 8)
+    net = Net("logistic regression 1×8×8", partial(conv_stack, shape, 10, (), name="logreg"), shape)
+    runs = len(cfg.ray_starts) + cfg.random_starts
+    return [[Load(net, "attack", 1, cfg.dlg_steps * LBFGS_EVALUATIONS)] * runs]
+
+
 def _distance(a: Tensor, b: Tensor) -> float:
     """‖a − b‖ / ‖b‖ for one image each."""
     return float((a - b).flatten(1).norm(dim=1) / b.norm())
@@ -139,6 +154,7 @@ def _distance(a: Tensor, b: Tensor) -> float:
     row_keys=("start", "t", "start_real", "start_twin", "end_real", "end_twin", "converged"),
     config=TWIN_DLG_CONFIG,
     datasets=("digits",),
+    work=_twin_dlg_work,
 )
 def twin_dlg(ctx: Context) -> list[dict]:
     """Appendix B, Figure 5 (right): DLG converges to the real image or its twin, by its start.

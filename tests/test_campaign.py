@@ -1,0 +1,71 @@
+"""A campaign end to end on real experiments at a tiny scale: plan, skip, interrupt, resume."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from leakagelib import experiments
+from leakagelib.cli import main
+from leakagelib.experiments import cvb_precode, estimate, registry
+from leakagelib.records import read_record, record_filename
+
+IDS = ("intro/bias-attack", "cvb/table2-placement")
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """cvb/table2-placement at a tiny ci scale (two positions, one victim, two IG steps, one
+    round); an armed FedAvg raises KeyboardInterrupt in the second unit; probes are faked."""
+    exp = experiments.get("cvb/table2-placement")
+    small = {"victims": 1, "ig_steps": 2, "rounds": 1, "n_train": 32, "positions": (0, 3)}
+    config = replace(exp.config, ci={**exp.config.ci, **small})
+    monkeypatch.setitem(registry._EXPERIMENTS, exp.id, replace(exp, config=config))
+    monkeypatch.setattr(estimate, "step_seconds", lambda net, kind, images, device: 1e-3)
+    trained: list[int] = []
+    armed = {"stop": False}
+    train = cvb_precode.fedavg_accuracy
+
+    def fedavg(*args, **kwargs) -> float:
+        if armed["stop"] and trained:
+            raise KeyboardInterrupt
+        trained.append(1)
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(cvb_precode, "fedavg_accuracy", fedavg)
+    return trained, armed
+
+
+def campaign(results) -> int:
+    return main(["campaign", "--only", *IDS, "--quiet", "--results", str(results)])
+
+
+def test_a_campaign_skips_finished_records_and_resumes_partial_ones(tiny, tmp_path, capsys):
+    trained, armed = tiny
+    assert campaign(tmp_path / "whole") == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert all("to run, about" in line for line in plan[:2]), "an estimate for each"
+    whole = read_record(tmp_path / "whole" / record_filename(IDS[1]))
+
+    trained.clear()
+    armed["stop"] = True
+    results = tmp_path / "halves"
+    assert campaign(results) == 130
+    assert (results / record_filename(IDS[0])).exists(), "the first experiment finished"
+    assert not (results / record_filename(IDS[1])).exists()
+    capsys.readouterr()
+
+    armed["stop"] = False
+    trained.clear()
+    assert campaign(results) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert "done (" in plan[0] and "partial: 1 of 2 units" in plan[1]
+    assert len(trained) == 1, "only the unfinished unit ran"
+    assert read_record(results / record_filename(IDS[1]))["rows"] == whole["rows"]
+
+    trained.clear()
+    assert campaign(results) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert "done (" in plan[0] and "done (" in plan[1] and not trained
+    assert plan[2] == "total left: about 0 s"
