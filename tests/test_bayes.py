@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -15,6 +16,8 @@ from leakagelib.attacks.search import Grid, log_beta_grid
 from leakagelib.bayes_risk import SyntheticGaussian, adversarial_risk, defended
 from leakagelib.defenses import GaussianNoise, LaplaceNoise, PruneNoise
 from leakagelib.experiments import Context, ScaleConfig, bayes_scenario, build_case
+from leakagelib.experiments.resume import PartialRecord
+from leakagelib.records import jsonable
 
 torch.set_num_threads(1)
 
@@ -118,38 +121,85 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
         train_steps=(0, 3), defenses=("prune+lap",), attacks=("bayes", "cosine"),
     )  # fmt: skip
     ctx = Context(scale="paper", progress=False, data=paths, download=False, settings=small)
-    out = experiments.get("bayes/table2").fn(ctx)
-    rows = out["rows"]
+    rows = experiments.get("bayes/table2").fn(ctx)
     assert {(r["dataset"], r["step"], r["attack"]) for r in rows} == {
         (d, s, a) for d in ("mnist", "cifar10") for s in (0, 3) for a in ("bayes", "cosine")
     }
     assert all(len(r["psnr_per_image"]) == 2 and np.isfinite(r["psnr"]) for r in rows)
-    assert out["data"] == {}  # the real resolutions: nothing was resized
 
 
-def test_ci_stand_ins_and_resolution_come_from_the_config(tmp_path):
-    """At ci scale the scenario loads the config's stand-in (8×8 digits for MNIST) through the
-    context and average-pools larger images — a --data override too — to the configured size."""
+def test_ci_attacks_the_stand_ins_and_overrides_at_their_own_resolution(tmp_path):
+    """At ci scale the scenario attacks MNIST-sized digits28 and CIFAR-sized patches as they are
+    (no resizing), and a --data override keeps its resolution too."""
     config = experiments.get("bayes/table2").config
     ctx = Context(scale="ci", progress=False, settings=config)
-    assert ctx.resolve("mnist", "digits") == "digits" and ctx.resolve("mnist") == "digits28"
-    assert Context(scale="paper").resolve("mnist", "digits") == "mnist"
     model, victims = bayes_scenario.scenario(ctx, "cifar10", 0, 3)
     patches = data.load("patches", n=3, split="train", shuffle=False, constants_of="cifar10")
-    assert torch.equal(victims.images, torch.nn.functional.avg_pool2d(patches.images, 4))
-    assert victims.normalizer == patches.normalizer
+    assert torch.equal(victims.images, patches.images)
+    assert victims.normalizer == patches.normalizer and victims.images.shape[1:] == (3, 32, 32)
     assert model(victims.normalizer.normalize(victims.images)).shape == (3, 10)
     digits = bayes_scenario.scenario(ctx, "mnist", 0, 2)[1]
-    assert digits.name == "digits" and tuple(digits.images.shape) == (2, 1, 8, 8)
-    notes = bayes_scenario.data_notes(ctx, ("mnist", "cifar10"))
-    assert notes["mnist"].startswith("digits at 8×8") and notes["cifar10"].startswith("patches")
+    assert digits.name == "digits28" and tuple(digits.images.shape) == (2, 1, 28, 28)
     images, labels, _ = data.load("digits28", n=10, split="train", shuffle=False)
+    images = images.flip(-1)  # not the stand-in's images
     path = str(tmp_path / "mnist.npz")
     np.savez(path, images=(images * 255).round().byte().numpy(), labels=labels)
     override = Context(scale="ci", progress=False, settings=config, data={"mnist": path})
-    assert tuple(bayes_scenario.scenario(override, "mnist", 0, 2)[1].images.shape) == (2, 1, 8, 8)
+    loaded = bayes_scenario.scenario(override, "mnist", 0, 2)[1].images
+    assert tuple(loaded.shape) == (2, 1, 28, 28)
+    assert torch.allclose(
+        loaded,
+        images[override.dataset("mnist", 2, split="train", shuffle=False).indices],
+        atol=1 / 255,
+    )
     with pytest.raises(KeyError, match="unknown defense"):
         bayes_scenario.make_defense("dropout")
+
+
+@pytest.mark.parametrize(
+    ("defense", "heuristic", "factor"),
+    [(GaussianNoise(0.1), "l2", 100.0), (LaplaceNoise(0.1), "l1", 10.0)],
+)
+def test_bayes_is_the_matching_heuristic_up_to_a_constant_under_plain_noise(
+    defense, heuristic, factor
+):
+    """Table 2's Gaussian and Laplacian cells: the Bayes attack's objective is ℓ2's (1/σ² = 100)
+    or ℓ1's (1/b = 10) times a constant, so with β divided by it — a power of ten, on the
+    search's grid — the two attacks take identical steps: those cells compare the heuristics,
+    not Bayes with them (why the ci scale skips them)."""
+    images, labels, norm = data.load(
+        "digits", n=2, split="train", shuffle=False, constants_of="mnist"
+    )
+    torch.manual_seed(0)
+    model = models.build("bayes-cnn", (1, 8, 8), 10)
+    case = build_case(model, images, labels, norm, defense=defense,
+                      generator=torch.Generator().manual_seed(1))  # fmt: skip
+    attacks = bayes_scenario.table2_attacks(defense, ("bayes", heuristic), steps=5)
+    results = [
+        case.attack(
+            attacks[name],
+            settings=[replace(attacks[name].config.setting(), beta=beta)],
+            generator=torch.Generator().manual_seed(2),
+        )  # fmt: skip
+        for name, beta in (("bayes", 1.0), (heuristic, 1.0 / factor))
+    ]
+    assert torch.allclose(results[0].inputs(), results[1].inputs(), atol=1e-5)
+
+
+def test_paired_interval_is_students_t_and_refuses_unpaired_input():
+    gap = bayes_scenario.paired_interval([3.0, 5.0, 7.0], [1.0, 2.0, 3.0])
+    assert (gap.mean, gap.n) == (3.0, 3)  # differences 2, 3, 4: sd 1, t(0.975, 2) = 4.303
+    assert math.isclose(gap.high - gap.mean, 4.302653 / math.sqrt(3), rel_tol=1e-5)
+    assert math.isclose(gap.mean - gap.low, gap.high - gap.mean)
+    rows = [
+        {"dataset": "mnist", "defense": "prune+lap", "step": 0, "attack": a, "psnr_per_image": v}
+        for a, v in (("bayes", [3.0, 5.0, 7.0]), ("l2", [1.0, 2.0, 3.0]))
+    ]
+    assert bayes_scenario.paired_gap(rows, ("mnist", "prune+lap", 0), "bayes", "l2") == gap
+    with pytest.raises(ValueError, match="one per image"):
+        bayes_scenario.paired_interval([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="confidence"):
+        bayes_scenario.paired_interval([1.0, 2.0], [0.0, 0.0], confidence=95)
 
 
 def test_tuned_attacks_run_as_one_program_on_a_case():
@@ -222,5 +272,54 @@ def test_the_network_is_never_trained_on_its_victims(monkeypatch):
     attacked = victims.normalizer.normalize(victims.images).flatten(1)
     assert trained_on.shape[0] > 0
     assert not (trained_on[:, None, :] == attacked[None]).all(-1).any(), "a victim was trained on"
-    pool = data.load("digits", split="train", constants_of="mnist")
+    pool = data.load("digits28", split="train", constants_of="mnist")
     assert trained_on.shape[0] == len(pool.labels) - 6
+
+
+def test_fig7_rows_carry_each_images_curve_summary():
+    """Fig. 7's rows: one per k, with per-image final and mean PSNR (for paired comparisons) and
+    the victims' mean PSNR per step; δ = 9 on the 28×28 ci digits (A.6)."""
+    config = shrunk("bayes/fig7-mc-samples", "ci", victims=2, steps=3, mc_samples=(1, 2))
+    rows = experiments.get("bayes/fig7-mc-samples").fn(
+        Context(scale="ci", progress=False, settings=config)
+    )
+    assert [r["k"] for r in rows] == [1, 2] and all(r["delta"] == 9.0 for r in rows)
+    for r in rows:
+        assert len(r["psnr_per_image"]) == len(r["psnr_mean_per_image"]) == 2
+        assert len(r["curve"]) == 3 and math.isclose(r["psnr"], r["curve"][-1], rel_tol=1e-6)
+        assert math.isclose(r["psnr_mean"], sum(r["curve"]) / 3, rel_tol=1e-6)
+
+
+FAST_SOTERIA = {"hidden": (64, 32), "attack_steps": 2}
+
+
+@pytest.mark.parametrize(
+    ("exp_id", "changes"),
+    [
+        ("bayes/fig7-mc-samples", {"victims": 2, "steps": 2, "mc_samples": (1, 2)}),
+        ("bayes/fig5-soteria-layers", {"victims": 1, **FAST_SOTERIA}),
+        ("bayes/fig2-training", {"train_steps": (0, 2), "fig3_step": 2, "ats_attack_steps": 2,
+                                 "soteria_victims": 1, **FAST_SOTERIA}),
+    ],
+)  # fmt: skip
+def test_a_resumed_run_skips_finished_units_and_gives_the_same_record(exp_id, changes, tmp_path):
+    """Fig. 7 (a unit per k), Fig. 5 (per defended layer) and Fig. 2 (per defense and training
+    step) keep each finished unit in the partial record; a run that lost its last unit
+    recomputes only that one (each network trained once, when a unit needs it) and ends with
+    the record of the uninterrupted run."""
+    config = shrunk(exp_id, "ci", **changes)
+    path = tmp_path / "partial.json"
+
+    def run(resume: bool) -> object:
+        partial = PartialRecord(path, {"experiment": exp_id}, resume=resume)
+        ctx = Context(scale="ci", progress=False, settings=config, partial=partial)
+        return jsonable(experiments.get(exp_id).fn(ctx))
+
+    whole = run(resume=False)
+    saved = json.loads(path.read_text())
+    assert len(saved["units"]) > 1
+    lost = list(saved["units"])[-1]
+    del saved["units"][lost], saved["seconds"][lost]
+    path.write_text(json.dumps(saved))
+    assert run(resume=True) == whole
+    assert list(json.loads(path.read_text())["units"]) == list(saved["units"]) + [lost]

@@ -9,7 +9,7 @@ import torch
 from opacus.accountants import RDPAccountant
 from torch import nn
 
-from leakagelib import metrics
+from leakagelib import data, metrics
 from leakagelib.attacks import AttackConfig, TotalVariation, image_bounds
 from leakagelib.attacks.likelihoods import Cosine, Gaussian
 from leakagelib.defenses import (
@@ -26,8 +26,8 @@ from leakagelib.defenses.ats import POLICY_TABLE, _magnitude, parse_policy
 from leakagelib.defenses.compression import prune_smallest
 from leakagelib.defenses.dpsgd import clip_per_sample
 from leakagelib.defenses.soteria import soteria_scores
-from leakagelib.experiments import Context, ScaleConfig
-from leakagelib.experiments.bayes_soteria import FIG5, trained_convbig
+from leakagelib.experiments.bayes_soteria import convbig
+from leakagelib.fl import train
 from leakagelib.gradients import client_update, per_sample_updates
 
 
@@ -296,10 +296,12 @@ def test_ats_augmentation_is_seeded_and_changes_images() -> None:
 
 
 def _soteria_digits(hidden: tuple[int, int], n: int):
-    """ConvBig of the given widths, trained 10 steps on the 8×8 digits, and n client images."""
-    config = ScaleConfig(ci={**FIG5.ci, "hidden": hidden}, paper=FIG5.paper)
-    ctx = Context(scale="ci", progress=False, settings=config)
-    images, labels, norm, trained = trained_convbig(ctx, n, [10])
+    """ConvBig of the given widths, trained 10 steps (batch 32) on the 8×8 digits, and the first
+    n test digits as client images: the Soteria scenario of Fig. 5, small enough for a test."""
+    images, labels, norm = data.load("digits", n=n, shuffle=False)
+    train_x, train_y, _ = data.load("digits", split="train", seed=0)
+    net = convbig((1, 8, 8), hidden, seed=0)
+    trained = train(net, norm.normalize(train_x), train_y, steps=10, batch_size=32, seed=0)
     return trained.model, images, labels, norm
 
 

@@ -3,25 +3,28 @@
 * :data:`DEFENSES` — Table 2's four noise defenses, and :data:`ATTACKS`, its
   four attacks by preset id;
 * :data:`SCENARIO` — the settings of the attacked scenario every experiment
-  of :mod:`.bayes_tables` shares (data stand-ins and resolution at ci scale,
-  training of the "step 500" networks), merged into each experiment's config;
+  of :mod:`.bayes_tables` shares (training of the "step 500" networks),
+  merged into each experiment's config;
 * :func:`scenario` — the network at a training step and the victims;
 * :func:`tune` and :func:`attack_tuned` — A.3's search on the first victims,
-  then every victim attacked with the tuned settings in one batched program.
+  then every victim attacked with the tuned settings in one batched program;
+* :func:`paired_interval` — the paired comparison over images with which the
+  chapters assert the paper's claims.
 
 Used by Tables 2 and 5 and Fig. 7 of the Bayes paper (Balunović et al., ICLR
-2022) and the chapter "Bayes versus heuristics under defenses".
+2022) and the chapters "Bayes versus heuristics under defenses" and
+"Breaking heuristic defenses".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from scipy import stats
 from torch import Tensor, nn
 
 from .. import fl, metrics
@@ -38,11 +41,12 @@ __all__ = [
     "ATTACKS",
     "DEFENSES",
     "SCENARIO",
+    "PairedGap",
     "attack_tuned",
-    "data_notes",
     "gray_baseline",
     "make_defense",
     "paired_gap",
+    "paired_interval",
     "scenario",
     "summarise_table2",
     "table2_attacks",
@@ -65,15 +69,14 @@ ATTACKS = ("bayes", "l2", "l1", "cosine")
 #: MNIST and CIFAR-10 (and their stand-ins) have ten classes.
 NUM_CLASSES = 10
 
-#: The scenario's settings, shared by the experiments of :mod:`.bayes_tables`: at ci scale the
-#: 8×8 ``digits`` stand for MNIST and every image is average-pooled to 8×8 when larger (the
-#: module docstring of :mod:`.bayes_tables` says why); training for the "step 500" rows.
+#: The scenario's settings, shared by the experiments of :mod:`.bayes_tables`: training for the
+#: "step 500" rows. The data are the run's (:meth:`Context.dataset`): MNIST and CIFAR-10 at paper
+#: scale, their embedded stand-ins ``digits28`` (1×28×28) and ``patches`` (3×32×32) at ci scale,
+#: each at its own resolution.
 SCENARIO = ScaleConfig(
-    ci={"stand_ins": {"mnist": "digits"}, "resolution": 8, "train_lr": 1e-3, "train_batch": 1},
-    paper={"stand_ins": {}, "resolution": None, "train_lr": 1e-3, "train_batch": 1},
+    ci={"train_lr": 1e-3, "train_batch": 1},
+    paper={"train_lr": 1e-3, "train_batch": 1},
     sources={
-        "stand_ins": "the paper's MNIST and CIFAR-10 (torchvision) at paper scale",
-        "resolution": "the data's own: MNIST 1×28×28, CIFAR-10 3×32×32",
         "train_lr": "the authors' scripts/run_mnist_tune.sh: -lr 0.001 (Adam)",
         "train_batch": "the authors' scripts/run_mnist_tune.sh: --batch_size 1",
     },
@@ -103,16 +106,6 @@ def table2_attacks(
     return {a: preset(a, steps=steps, prior=prior, **matched.get(a, {})) for a in names}
 
 
-def _load(ctx: Context, logical: str, n: int | None, *, shuffle: bool) -> Dataset:
-    """``n`` images of ``logical``'s training split, at the config's ``resolution`` (see :data:`SCENARIO`)."""
-    cfg = ctx.config
-    stand_in = cfg.stand_ins.get(logical)
-    ds = ctx.dataset(logical, n, split="train", shuffle=shuffle, stand_in=stand_in)
-    if cfg.resolution is None or max(ds.images.shape[-2:]) <= cfg.resolution:
-        return ds
-    return replace(ds, images=F.adaptive_avg_pool2d(ds.images, cfg.resolution))
-
-
 def scenario(ctx: Context, logical: str, train_step: int, n: int) -> tuple[nn.Module, Dataset]:
     """``bayes-cnn`` (seeded LeCun-normal init) trained for ``train_step`` steps, and ``n`` victims.
 
@@ -123,29 +116,16 @@ def scenario(ctx: Context, logical: str, train_step: int, n: int) -> tuple[nn.Mo
     ``train_lr`` and ``train_batch``.
     """
     cfg = ctx.config
-    victims = _load(ctx, logical, n, shuffle=False)
+    victims = ctx.dataset(logical, n, split="train", shuffle=False)
     torch.manual_seed(ctx.seed)
     model = build("bayes-cnn", tuple(victims.images.shape[1:]), NUM_CLASSES)
     if train_step > 0:
-        pool = _load(ctx, logical, None, shuffle=True)
+        pool = ctx.dataset(logical, split="train", shuffle=True)
         keep = ~torch.isin(pool.indices, victims.indices)
         images, labels = pool.images[keep], pool.labels[keep]
         model = fl.train(model, victims.normalizer.normalize(images), labels, steps=train_step,
                          batch_size=cfg.train_batch, lr=cfg.train_lr, seed=ctx.seed).model  # fmt: skip
     return model.to(ctx.device).eval(), victims
-
-
-def data_notes(ctx: Context, datasets: Sequence[str]) -> dict[str, str]:
-    """What the record's ``data`` field says of ``datasets`` when ``resolution`` resizes them."""
-    cfg, size = ctx.config, ctx.config.resolution
-    if size is None:
-        return {}
-    return {
-        logical: f"{ctx.resolve(logical, cfg.stand_ins.get(logical))} at {size}×{size} "
-        f"(average-pooled where larger), with {logical}'s normalisation; victims: the first "
-        "images of the train split, training: the rest of it"
-        for logical in datasets
-    }
 
 
 def tune(ctx: Context, case: Case, attacks: dict[str, Attack], *, offset: int) -> SearchResult:
@@ -183,7 +163,8 @@ def gray_baseline(images: Tensor) -> Tensor:
     """Per-image PSNR of one constant image at the images' mean value: what learning nothing scores.
 
     An attack's PSNR means little without it; at ci scale the step-500 attacks
-    sit near this line (the chapter "Bayes versus heuristics under defenses").
+    of Table 5 sit near this line (the chapter "Bayes versus heuristics under
+    defenses").
     """
     return metrics.psnr(torch.full_like(images, float(images.mean())), images)
 
@@ -196,12 +177,43 @@ def summarise_table2(rows: Sequence[dict]) -> dict:
     return out
 
 
-def paired_gap(rows: Sequence[dict], key: tuple, a: str, b: str) -> tuple[float, float]:
-    """Mean and standard error of the per-image PSNR difference ``a − b`` for one Table 2 cell."""
+@dataclass(frozen=True)
+class PairedGap:
+    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedGap:
+    """The mean per-image difference ``a − b`` with its ``confidence`` interval (Student's t).
+
+    ``a`` and ``b`` are one value per image (PSNRs of two attacks, or of one
+    attack in two settings, on the same images), so the interval is that of
+    a paired comparison. The chapters on the Bayes paper assert their claims
+    as ``paired_interval(...).low > 0``.
+    """
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if diff.ndim != 1 or len(a) != len(b) or len(diff) < 2:
+        raise ValueError(
+            "a and b must be equally long lists of at least two values (one per image), "
+            f"got lengths {len(a)} and {len(b)}"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
+    n, mean = len(diff), float(diff.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diff.std(ddof=1) / math.sqrt(n))
+    return PairedGap(mean, mean - half, mean + half, n)
+
+
+def paired_gap(rows: Sequence[dict], key: tuple, a: str, b: str) -> PairedGap:
+    """:func:`paired_interval` of attacks ``a`` and ``b`` in the Table 2 cell ``key``
+    (``(dataset, defense, step)``)."""
     per = {
-        r["attack"]: np.array(r["psnr_per_image"])
+        r["attack"]: r["psnr_per_image"]
         for r in rows
         if (r["dataset"], r["defense"], r["step"]) == key
     }
-    diff = per[a] - per[b]
-    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff)))
+    return paired_interval(per[a], per[b])

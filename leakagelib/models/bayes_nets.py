@@ -125,9 +125,9 @@ def build_convbig(
     the authors' PyTorch code (built on inverting-gradients) with PyTorch's
     default initialisation, not in their Flax code; ``"lecun"`` is available;
     ``hidden`` — the widths of ``fc1`` and ``fc2`` (default the table's
-    (2000, 1000)). The chapter "Breaking heuristic defenses" uses (256, 144) on
-    8×8 digits at ci scale, which keeps the table's split of the weights (about
-    80 % in ``fc1``, 20 % in ``fc2``) at a size a CPU attacks in seconds.
+    (2000, 1000)). The chapter "Breaking heuristic defenses" uses (128, 1024) on
+    1×28×28 digits at ci scale, which keeps the table's split of the weights
+    (about 80 % in ``fc1``, 20 % in ``fc2``) at a size a CPU attacks in seconds.
 
     Stages: ``input``, ``conv1``, ``conv2``, ``flatten``, ``fc1``, ``fc2``, ``fc3``.
     """
