@@ -12,9 +12,12 @@ Adam) on ``bayes-cnn`` with MNIST-sized inputs (1×28×28):
 * the same attacks one after another in a Python loop (what the peers do).
 
 It reports image-steps per second (steps × images / seconds), the FLOPs of
-one batched step (counted by :class:`torch.utils.flop_counter.FlopCounterMode`)
-and their share of this machine's float32 matrix-multiply peak, measured on
-the spot with a 2048² matrix product. ``--profile`` prints the operators
+one image-step (one attack's step by plain autograd, counted by
+:class:`torch.utils.flop_counter.FlopCounterMode`: the work every route must
+do; the counter overcounts the weight gradient of a grouped convolution by its
+number of groups, so the batched step is not counted directly) and the
+batched rate's share of this machine's float32 matrix-multiply peak, measured
+on the spot with a 2048² matrix product. ``--profile`` prints the operators
 that take a step's time.
 
 What the profile showed, and what was tried (2-core CPU, see the README's
@@ -27,9 +30,12 @@ Speed section for the numbers):
   ``‖s‖²`` and ``⟨s, g⟩``, which the factors give — and that is most of its
   gain. Those inner products run in float64 (so that ``‖s − g‖²`` keeps its
   accuracy near convergence); a float32 version was not faster here.
-* The per-attack convolution weight gradients are batched matrix products
-  of unfolded inputs (Opacus's grad sampler); they now take the largest
-  share, with the unfold/fold copies.
+* The per-attack convolution weight gradients were batched matrix products
+  of unfolded inputs (Opacus's grad sampler) and then took the largest share
+  of a step, with the unfold/fold copies. One native *grouped* kernel (the
+  attacks as groups) is faster for all but the smallest layers (the
+  measurements are in :mod:`leakagelib.attacks.per_attack`); the README's
+  Speed section has the throughput before and after.
 * The per-sample weight gradients under ``vmap`` (grouped convolutions) were
   *not* the main cost, contrary to a first profile taken on a loaded machine.
 
@@ -84,13 +90,12 @@ def matmul_peak(device: str, size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def step_flops(model, updates, labels, device: str, engine: str) -> int:
-    """FLOPs of one attack step (forward, backward and double backward) of the batch."""
+def image_step_flops(model, updates, labels, device: str) -> int:
+    """FLOPs of one attack's step (forward, backward and double backward) on one image."""
     attack = preset("bayes", likelihood=Gaussian(0.1), beta=0.1, steps=1)
+    one = {k: v[:1] for k, v in updates.items()}
     with FlopCounterMode(display=False) as counter:
-        attack.with_config(engine=engine)(
-            model, updates, labels=labels, input_shape=SHAPE, device=device
-        )
+        attack(model, one, labels=labels[:1], input_shape=SHAPE, device=device)
     return counter.get_total_flops() // 2  # one step plus the final evaluation
 
 
@@ -117,11 +122,11 @@ def measure(device: str, steps: int, images: int) -> dict[str, object]:
     out["looped"] = steps * images / loop
     out["speedup_hooks_vs_loop"] = out["batched_hooks"] / out["looped"]
     out["speedup_hooks_vs_vmap"] = out["batched_hooks"] / out["batched_vmap"]
-    flops = step_flops(model, ups, y, device, "hooks")
+    flops = image_step_flops(model, ups, y, device)
     peak = matmul_peak(device)
-    out["gflop_per_step"] = flops / 1e9
+    out["gflop_per_step"] = flops * images / 1e9
     out["peak_gflops"] = peak / 1e9
-    out["share_of_peak"] = flops * out["batched_hooks"] / images / peak
+    out["share_of_peak"] = flops * out["batched_hooks"] / peak
     return out
 
 
@@ -135,7 +140,7 @@ def profile(device: str, images: int) -> None:
     y = torch.arange(images, device=device) % 10
     ups = per_sample_updates(model, torch.rand(images, *SHAPE, device=device), y)
     with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        _attack(model, ups, y, 3, device, "hooks")
+        _attack(model, ups, y, 8, device, "hooks")
     table = prof.key_averages(group_by_input_shape=True)
     print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_shapes_column_width=60))
 

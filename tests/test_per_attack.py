@@ -179,3 +179,37 @@ def test_engines_agree_on_a_single_attack_of_two_images(lik):
     cfg = AttackConfig(steps=1)
     a, b = _both(model, observed, labels, [Setting(0.1, 1.0, 0.2)], lik, TotalVariation(), cfg, n=2)
     _close(a, b)
+
+
+@pytest.mark.parametrize(
+    ("channels", "size", "stride", "rows", "route"),
+    [
+        (8, 12, 1, 1, "grouped"),
+        (6, 11, 2, 3, "grouped"),
+        (1, 12, 1, 2, "unfold"),
+        (8, 4, 1, 1, "unfold"),
+    ],
+)
+def test_conv_weight_gradients_equal_each_attacks_own_gradient(channels, size, stride, rows, route):
+    """Both routes of the per-attack convolution gradients (grouped kernel, unfolded product)."""
+    from leakagelib.attacks import per_attack
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(channels, 5, 3, stride=stride, padding=1)
+    fan_in, attacks = conv.weight[0].numel(), 4
+    a = torch.randn(attacks * rows, channels, size, size, requires_grad=True)
+    out = conv(a)
+    delta = torch.randn_like(out, requires_grad=True)
+    positions = rows * out[0, 0].numel()
+    grouped = fan_in > per_attack.UNFOLD_MAX_FAN_IN and positions > per_attack.UNFOLD_MAX_POSITIONS
+    assert grouped == (route == "grouped")
+    got = per_attack._conv_weight_gradients(conv, a, delta, attacks)
+    for i in range(attacks):
+        rows_i = slice(i * rows, (i + 1) * rows)
+        (own,) = torch.autograd.grad(
+            (conv(a[rows_i]) * delta[rows_i]).sum(), conv.weight, retain_graph=True
+        )
+        torch.testing.assert_close(got[i], own, rtol=1e-4, atol=1e-5)
+    # differentiable in both arguments, as the attack's second backward needs
+    ga, gd = torch.autograd.grad(got.pow(2).sum(), (a, delta))
+    assert ga.abs().sum() > 0 and gd.abs().sum() > 0

@@ -21,8 +21,9 @@ grad samplers; the "ghost norm" of Goodfellow 2015 and Li et al. 2022,
    backpropagated error ``δ``;
 3. a layer's per-attack weight gradient is ``Σ_r δ_r a_rᵀ`` over the rows
    ``r`` of that attack (positions of a convolution, tokens, images).
-   Convolutions and normalisation layers materialise it (unfold and a batched
-   matrix product; small). Dense layers keep the two factors, because the
+   Convolutions materialise it with one grouped native kernel (the attacks
+   as groups) or, for small layers, unfold and a batched matrix product;
+   normalisation layers with a channel sum. Dense layers keep the two factors, because the
    likelihoods that need only inner products (Gaussian, cosine) can use
    ``‖Σ δ_r a_rᵀ‖² = Σ_rr' (δ_r·δ_r')(a_r·a_r')`` and
    ``⟨Σ δ_r a_rᵀ, G⟩ = Σ_r δ_rᵀ G a_r`` and never build the matrix. Those sums
@@ -139,28 +140,32 @@ def _channel_sums(t: Tensor, module: nn.Module, attacks: int) -> Tensor:
     return t.reshape(attacks, -1, t.shape[1], math.prod(t.shape[2:])).sum((1, 3))
 
 
-#: A convolution's per-attack weight gradients come from the native kernel, one attack at a
-#: time, when there are at most this many attacks and each has at least ``NATIVE_CONV_POSITIONS``
-#: output positions (rows × height × width); otherwise from one batched product of unfolded
-#: inputs. Measured on the CPU (2026-11-23, forward and backward of the weight gradient): 8
-#: attacks on 32×32 maps took 7–10 ms natively and 14–15 ms unfolded; 64 attacks on 28×28 and
-#: 14×14 maps took 61–75 ms natively and 7–52 ms unfolded; 8 attacks of the CVB CNN (14×14 and
-#: smaller maps) ran Inverting Gradients faster unfolded.
-NATIVE_CONV_ATTACKS, NATIVE_CONV_POSITIONS = 16, 256
+#: A convolution's per-attack weight gradients come from one native grouped kernel (the
+#: attacks as groups, ``groups = attacks``), except for inputs of at most
+#: ``UNFOLD_MAX_FAN_IN`` values per output (C·k·k) or at most ``UNFOLD_MAX_POSITIONS`` output
+#: positions per attack (rows × height × width), where one batched product of unfolded inputs
+#: is faster. Measured on the CPU, one thread (2026-11-23; forward of the weight gradients and
+#: their double backward, milliseconds, grouped / unfolded / the native kernel once per
+#: attack): 8 attacks of ConvNet-16's 16→32 at 32×32: 2.9 / 7.7 / 6.5; ConvNet-64's 256→256 at
+#: 32×32: 240 / 383 / 278, at 16×16: 96 / 111 / 90, at 8×8: 67 / 48 / 59; 64 attacks of
+#: bayes-cnn's 32→64 at 14×14: 20 / 33 / 71, its 1→32 at 28×28: 4.2 / 3.8 / 69.
+UNFOLD_MAX_FAN_IN, UNFOLD_MAX_POSITIONS = 16, 64
 
 
 def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor, attacks: int) -> Tensor:
     """Per-attack weight gradients ``attacks × O × C × k × k`` of one convolution call."""
     rows = a.shape[0] // attacks
-    if attacks <= NATIVE_CONV_ATTACKS and rows * delta[0, 0].numel() >= NATIVE_CONV_POSITIONS:
-        return torch.stack([
-            torch.ops.aten.convolution_backward(
-                delta[i * rows : (i + 1) * rows], a[i * rows : (i + 1) * rows], module.weight,
-                None, module.stride, module.padding, module.dilation, False, (0, 0), 1,
-                (False, True, False),
-            )[1]
-            for i in range(attacks)
-        ])  # fmt: skip
+    fan_in = module.weight[0].numel()
+    if fan_in > UNFOLD_MAX_FAN_IN and rows * delta[0, 0].numel() > UNFOLD_MAX_POSITIONS:
+        # the attacks' rows side by side as channel groups: n × (attacks·C) × H × W
+        a_g = a.reshape(attacks, rows, *a.shape[1:]).transpose(0, 1).flatten(1, 2)
+        d_g = delta.reshape(attacks, rows, *delta.shape[1:]).transpose(0, 1).flatten(1, 2)
+        weight = module.weight.detach().repeat(attacks, 1, 1, 1)
+        grads = torch.ops.aten.convolution_backward(
+            d_g, a_g, weight, None, module.stride, module.padding, module.dilation, False,
+            (0, 0), attacks, (False, True, False),
+        )[1]  # fmt: skip
+        return grads.reshape(attacks, *module.weight.shape)
     u = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
     u = u.reshape(attacks, -1, *u.shape[1:])  # attacks × n × C·k·k × L
     d = delta.reshape(attacks, -1, module.out_channels, u.shape[-1])  # attacks × n × O × L
