@@ -50,6 +50,7 @@ import json
 import time
 
 import torch
+from machine import matmul_peak, sync
 from torch.utils.flop_counter import FlopCounterMode
 
 from leakagelib.attacks import Gaussian, preset
@@ -59,35 +60,15 @@ from leakagelib.models import build
 SHAPE = (1, 28, 28)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _attack(model, updates, labels, steps: int, device: str, engine: str) -> float:
     """Seconds for one ``steps``-step batched attack on the stacked ``updates``."""
     attack = preset("bayes", likelihood=Gaussian(0.1), beta=0.1, steps=steps)
     attack = attack.with_config(engine=engine)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     attack(model, updates, labels=labels, input_shape=SHAPE, device=device)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
-
-
-def matmul_peak(device: str, size: int = 2048, repeats: int = 5) -> float:
-    """This device's float32 matrix-multiply rate in FLOP/s (the best of ``repeats``)."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 def image_step_flops(model, updates, labels, device: str) -> int:

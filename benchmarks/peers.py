@@ -136,6 +136,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from leakagelib.attacks import image_bounds, preset
 from leakagelib.data import load
@@ -143,6 +144,9 @@ from leakagelib.gradients import client_update, per_sample_updates, stack_update
 from leakagelib.metrics import mse, psnr
 from leakagelib.models import build
 from leakagelib.rgap import rgap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import matmul_peak  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CIFAR = REPO.parent / "shared" / "data" / "cifar10_test_0_499.npz"
@@ -422,6 +426,7 @@ class Row:
     seconds: float
     quality: float | None
     speedup: float | None = None
+    gflop: float | None = None  # per image-iteration (IG)
 
     def per_step(self) -> float:
         return self.seconds / self.steps
@@ -432,11 +437,28 @@ class Row:
         if self.bench == "ig":
             fields["psnr_db"] = fields.pop("quality")
             fields["s_per_iteration"] = self.per_step()
+            fields["gflop_per_image_iteration"] = fields.pop("gflop")
         else:  # R-GAP has no iterations: one solve per image
             fields["mse"] = fields.pop("quality")
             fields["s_per_image"] = self.seconds / self.images
-            del fields["steps"]
+            del fields["steps"], fields["gflop"]
         return json.dumps({**head, **fields})
+
+
+def iteration_gflop(run: Callable[[IGSettings], Any], s: IGSettings) -> float:
+    """GFLOP of one iteration of one attack: counted runs of 4 and 2 iterations, differenced.
+
+    The difference leaves out the work done once per attack (the update's
+    norms, the final evaluation). Counted on one image by plain autograd:
+    :class:`FlopCounterMode` overcounts the weight gradient of a grouped
+    convolution (our batched route) by its number of groups.
+    """
+    counts = []
+    for iterations in (2, 4):
+        with FlopCounterMode(display=False) as counter:
+            run(IGSettings(iterations, s.lr, s.tv))
+        counts.append(counter.get_total_flops())
+    return (counts[1] - counts[0]) / 2 / 1e9
 
 
 def _run_loops(
@@ -477,22 +499,30 @@ def run_ig_model(
         warm = breaching_attacker(breaching, peer, IGSettings(2, s.lr, s.tv))
         breaching_attack(warm, peer, v, 0)
     ours_attack(model, v, slice(0, 1), IGSettings(2, s.lr, s.tv))  # warm-up
+    gflop = iteration_gflop(lambda t: ours_attack(model, v, slice(0, 1), t), s)
+    if breaching is not None:
+        peer_gflop = iteration_gflop(
+            lambda t: breaching_attack(breaching_attacker(breaching, peer, t), peer, v, 0), s
+        )
+        notes["gflop_per_iteration"] = {"ours": gflop, "breaching": peer_gflop}
     batch, t_batch = ours_attack(model, v, slice(None), s)
     loops = _run_loops(model, peer, attacker, v, s)
     t_loop = {k: sum(t) for k, t in loops["times"].items() if t}
     ref_loop = t_loop.get("breaching")
     rows = [Row("ig", name, f"ours, batched ({n} images, one program)", n, s.iterations,
-                t_batch, v.psnr(batch), None if ref_loop is None else ref_loop / t_batch)]  # fmt: skip
+                t_batch, v.psnr(batch), None if ref_loop is None else ref_loop / t_batch, gflop)]  # fmt: skip
     for side in t_loop:
         label = f"{side}, per-image loop ({n} images)"
         speed = None if ref_loop is None else ref_loop / t_loop[side]
         rec = loops["recs"][side]
-        rows.append(Row("ig", name, label, n, s.iterations, t_loop[side], v.psnr(rec), speed))
+        rows.append(
+            Row("ig", name, label, n, s.iterations, t_loop[side], v.psnr(rec), speed, gflop)
+        )
     single = {k: statistics.median(t) for k, t in loops["times"].items() if t}
     for side in single:
         speed = None if "breaching" not in single else single["breaching"] / single[side]
         label = f"{side}, single attack (median of {n})"
-        rows.append(Row("ig", name, label, 1, s.iterations, single[side], None, speed))
+        rows.append(Row("ig", name, label, 1, s.iterations, single[side], None, speed, gflop))
     if len(loops["recs"]) == 2:
         a, b = (v.denormalize(loops["recs"][k]) for k in ("ours", "breaching"))
         notes["psnr_ours_vs_breaching_db"] = float(psnr(a, b).mean())
@@ -625,15 +655,21 @@ def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def print_tables(rows: list[Row]) -> None:
-    """The markdown tables: Inverting Gradients (s/iteration, PSNR) and R-GAP (s/image, MSE)."""
+def print_tables(rows: list[Row], peak: float) -> None:
+    """The markdown tables: Inverting Gradients (s/iteration, PSNR, share of ``peak`` FLOP/s)
+    and R-GAP (s/image, MSE)."""
     ig = [r for r in rows if r.bench == "ig"]
     if ig:
-        print("| model | run | s / iteration | image-iterations / s | PSNR (dB) | × breaching |")
-        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        print(f"(share of peak: GFLOP per image-iteration × image-iterations/s over the "
+              f"{peak / 1e9:.0f} GFLOP/s float32 matrix-multiply peak measured in this run)")  # fmt: skip
+        print("| model | run | s / iteration | image-iterations / s | GFLOP / image-iteration "
+              "| share of peak | PSNR (dB) | × breaching |")  # fmt: skip
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in ig:
             rate = r.images * r.steps / r.seconds
+            share = None if r.gflop is None else r.gflop * 1e9 * rate / peak
             print(f"| {r.model} | {r.run} | {r.per_step():.4f} | {rate:.1f} | "
+                  f"{_fmt(r.gflop, '.3g')} | {_fmt(share, '.0%')} | "
                   f"{_fmt(r.quality, '.2f')} | {_fmt(r.speedup, '.2f')} |")  # fmt: skip
         print()
     rg = [r for r in rows if r.bench == "rgap"]
@@ -696,8 +732,11 @@ def main() -> None:
             ds, source = load_cifar(args.rgap_images, args.data, args.seed)
             print(f"R-GAP images: {source} (in [0, 1], not normalised, as the authors' code)")
             rows += run_rgap(ds, breaching, args.rgap_mu_steps, args.seed)
+    with threadpool_limits(limits=args.threads):
+        peak = matmul_peak()
+    head["peak_gflops"] = peak / 1e9
     print()
-    print_tables(rows)
+    print_tables(rows, peak)
     lines = [r.to_json(head) for r in rows]
     print("\n".join(lines))
     if args.json is not None:

@@ -268,8 +268,7 @@ class Cosine(Likelihood):
     def batched_log_prob(
         self, observed: Observed, simulated: Simulated, weighted: Weighted
     ) -> Tensor:
-        dot = sum(w[:, None, None] ** 2 * simulated.inner(k, observed) for k, w in weighted)
-        n_sim = sum(w[:, None, None] ** 2 * simulated.sq_norm(k) for k, w in weighted)
+        dot, n_sim = simulated.cosine_sums(observed, weighted)
         n_obs = sum(
             w[:, None, None] ** 2 * observed.square(k).to(w.dtype)[None, :, None]
             for k, w in weighted
