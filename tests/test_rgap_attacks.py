@@ -171,6 +171,45 @@ def test_table_references_hold_the_papers_numbers():
     ]
 
 
+def test_figure2_networks_have_the_papers_ra_i_at_the_captions_layers():
+    """Table 3's RA-i (−484, 405, 405, −208, 316), counted on our Figure 2 networks.
+
+    Columns 1–3 are critical at the first layer (2 and 3 share a deficient
+    one, 3 has more weights); column 4's second layer is deficient locally but
+    compensated by virtual constraints; column 5's third layer is not.
+    """
+    from leakagelib.experiments.rgap_common import FIGURE2_NETWORKS
+    from leakagelib.models.rgap_nets import conv_stack
+    from leakagelib.rgap import rank_analysis
+
+    shape = (3, 32, 32)
+    nets = {name: conv_stack(shape, 1, layers) for name, layers in FIGURE2_NETWORKS.items()}
+    counts = {name: rank_analysis(net, shape) for name, net in nets.items()}
+    paper = [r["ra_i"] for r in experiments.get("rgap/table3-rank").reference]
+    assert [c.ra_i for c in counts.values()] == paper == [-484, 405, 405, -208, 316]
+    critical = [c.critical for c in counts.values()]
+    assert critical == ["conv1", "conv1", "conv1", "conv2", "conv3"]
+    size = {name: sum(p.numel() for p in net.parameters()) for name, net in nets.items()}
+    assert size["fig2-col1"] < size["fig2-col2"] < size["fig2-col3"]
+    col4 = counts["fig2-col4"].layers[1]
+    assert col4.local > 0 and col4.v > col4.local
+    col5 = counts["fig2-col5"].layers[2]
+    assert col5.local > 0 and col5.ra_i > 0
+
+
+def test_table3_runs_dlg_on_each_figure2_network():
+    """rgap/table3-rank at ci: one row per column with DLG's per-image errors, paper's RA-i."""
+    record = experiments.run("rgap/table3-rank", progress=False)
+    rows = record["rows"]
+    assert [r["column"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["ra_i"] for r in rows] == [-484, 405, 405, -208, 316]
+    for r in rows:
+        per = torch.tensor(r["mse_per_image"])
+        assert len(per) == r["n"] == 3
+        assert 0 < r["mse"] == pytest.approx(float(per.mean()))
+        assert r["mse_rgap"] is None and r["local_deficiency"] is None  # ci: no R-GAP
+
+
 def test_cheap_experiments_run_from_the_registry():
     fig4 = experiments.run("rgap/fig4-resnet-skip", progress=False)["rows"]
     ra = {row["model"]: row["ra_i"] for row in fig4}

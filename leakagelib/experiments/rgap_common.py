@@ -28,6 +28,7 @@ from .work import Net
 __all__ = [
     "ARCHITECTURES",
     "DATASETS",
+    "FIGURE2_NETWORKS",
     "dlg_net",
     "labels_mu_negative",
     "logistic_case",
@@ -40,14 +41,45 @@ __all__ = [
 #: The datasets of Table 1 with their input shapes.
 DATASETS: dict[str, tuple[int, int, int]] = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
 
-#: Figure-2 style chains (conv layers as (channels, kernel, stride, padding)) of
-#: ``rgap/table3-rank``; ``rgap/appG-noise`` uses "cnn6" and "wide".
+#: Conv chains (conv layers as (channels, kernel, stride, padding)) of
+#: ``rgap/appG-noise``: CNN6 and CNN6 with every layer twice as wide.
 ARCHITECTURES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "cnn6": CNN6_LAYERS,
-    "cnn6-d": (CNN6_LAYERS[0], (20, 3, 2, 1), *CNN6_LAYERS[2:]),
     "wide": tuple((2 * c, k, s, p) for c, k, s, p in CNN6_LAYERS),
-    "deficient-early": ((4, 4, 2, 2), *CNN6_LAYERS[1:]),
-    "deficient-middle": (*CNN6_LAYERS[:2], (4, 3, 1, 1), *CNN6_LAYERS[3:]),
+}
+
+
+def _k4(channels: int) -> tuple[int, int, int, int]:
+    """A 4×4 convolution with stride 1 and no padding to ``channels`` outputs."""
+    return (channels, 4, 1, 0)
+
+
+#: The five networks of Figure 2 / Table 3 of Zhu & Blaschko (2021), constructed.
+#:
+#: The figure draws its networks as diagrams that the paper's text does not
+#: carry (our extraction, ``shared/papers/rgap-recursive-gradient-attack.txt``,
+#: keeps only the caption and Table 3's RA-i −484 / 405 / 405 / −208 / 316), and
+#: the authors' code (JunyiZhu-AI/R-GAP: ``models/`` has CNN6, CNN6-d, FCN3 and
+#: LeNet only) has neither these networks nor DLG. So they are constructed:
+#: every convolution 4×4, stride 1, no padding, bias-free, LeakyReLU(0.2)
+#: (CNN6's activation, authors' ``models/CNN6.py``), then one bias-free linear
+#: layer to one logit, on 3×32×32 inputs. The choice is forced where the table
+#: allows: of all first layers (1–128 channels, kernel 1–8, stride 1–3, padding
+#: below the kernel) only a 4×4, stride-1, unpadded one gives −484 (4 channels)
+#: or 405 (3 channels) with a usual geometry (the others: 7×7 stride 2 padding
+#: 6, 3×3 stride 3 with 28 or 21 channels). The caption fixes the structure:
+#: columns 2 and 3 share a rank-deficient first layer and have two and four
+#: times column 1's parameters; column 4's second layer is locally
+#: deficient (|x| − |W| − |z| = 4,289) but its 4,497 virtual constraints compensate
+#: it; column 5's third layer stays deficient after its virtual constraints.
+#: The later channel counts are ours. ``leakagelib.rgap.rank_analysis`` gives
+#: exactly the paper's RA-i (critical layers conv1, conv1, conv1, conv2, conv3).
+FIGURE2_NETWORKS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "fig2-col1": (_k4(4), _k4(8)),
+    "fig2-col2": (_k4(3), _k4(16)),
+    "fig2-col3": (_k4(3), _k4(16), _k4(32)),
+    "fig2-col4": (_k4(9), _k4(4)),
+    "fig2-col5": (_k4(4), _k4(10), _k4(4)),
 }
 
 
@@ -95,8 +127,9 @@ def solve_net(
 ) -> Net:
     """The one-logit float64 network R-GAP solves, as the probes time it.
 
-    Zoo model ``name`` (with ``options``), or the chain ``layers`` of
-    :data:`ARCHITECTURES` named ``name``, on inputs of ``in_shape``.
+    Zoo model ``name`` (with ``options``), or the chain ``layers`` (of
+    :data:`ARCHITECTURES` or :data:`FIGURE2_NETWORKS`) named ``name``, on
+    inputs of ``in_shape``.
     """
     if layers is None:
         make = partial(_seeded, build, name, in_shape=in_shape, num_classes=1, **options)
@@ -106,8 +139,14 @@ def solve_net(
     return Net(f"{name} {shape} (R-GAP)", lambda: make().double(), in_shape, classes=1)
 
 
-def dlg_net(in_shape: tuple[int, int, int], name: str, **options: Any) -> Net:
-    """Zoo model ``name`` as DLG attacks it (in float32), as the probes time it (ten outputs)."""
+def dlg_net(
+    in_shape: tuple[int, int, int], name: str, layers: tuple | None = None, **options: Any
+) -> Net:
+    """Zoo model ``name``, or the chain ``layers`` named ``name``, as DLG attacks it
+    (in float32), as the probes time it (ten outputs)."""
     shape = "×".join(map(str, in_shape))
-    make = partial(_seeded, build, name, in_shape=in_shape, num_classes=10, **options)
+    if layers is None:
+        make = partial(_seeded, build, name, in_shape=in_shape, num_classes=10, **options)
+    else:
+        make = partial(_seeded, conv_stack, in_shape, 10, layers, name=name)
     return Net(f"{name} {shape}", make, in_shape)

@@ -68,6 +68,7 @@ def dlg_logistic(
     generator: torch.Generator | None = None,
     initial: Tensor | None = None,
     relative: bool = False,
+    init: str = "normal",
 ) -> AttackResult:
     """DLG (L-BFGS on the squared gradient distance) on stacked logistic-loss updates.
 
@@ -81,14 +82,18 @@ def dlg_logistic(
     absolute stopping tolerances (``torch.optim.LBFGS``'s ``tolerance_grad``
     and ``tolerance_change``) no longer depend on the update's magnitude;
     experiment ``rgap/twin-dlg`` (chapter "Twin data") uses it. The default
-    keeps DLG's published, unscaled objective.
+    keeps DLG's published, unscaled objective. ``init`` is the random start
+    (an :class:`~leakagelib.attacks.AttackConfig` ``init``): ``"normal"``,
+    N(0, 1) as DLG's code, or ``"uniform"``, U(0, 1) over the pixel range
+    (experiment ``rgap/table3-rank``).
     """
-    attack = idlg(steps=steps, labels="given")
+    attack = idlg(steps=steps, labels="given", init=init)
     if relative:
         sq = torch.stack([v.double().flatten(1).pow(2).sum(dim=1) for v in updates.values()])
         scale = float(sq.sum(dim=0).mean().sqrt())
         if scale > 0:
-            attack = idlg(steps=steps, labels="given", sigma=attack.likelihood.sigma * scale)
+            sigma = attack.likelihood.sigma * scale
+            attack = idlg(steps=steps, labels="given", sigma=sigma, init=init)
     return attack(
         copy.deepcopy(model).float(),
         {k: v.float() for k, v in updates.items()},
