@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
+import time
+from collections import Counter
 from dataclasses import replace
 
 import pytest
+import torch
 
 from leakagelib import experiments, models
+from leakagelib.attacks import Gaussian, preset
+from leakagelib.attacks.search import Grid, search, stage_sizes
 from leakagelib.cli import main
-from leakagelib.experiments import estimate, registry
+from leakagelib.data import Normalizer
+from leakagelib.experiments import build_case, estimate, registry
 from leakagelib.experiments.config import ScaleConfig
 from leakagelib.experiments.registry import Context
 from leakagelib.experiments.rgap_common import solve_net
@@ -84,13 +91,95 @@ def test_an_experiment_without_declared_work_has_no_estimate(monkeypatch):
 
 
 @pytest.mark.parametrize("scale", ["ci", "paper"])
-def test_the_cvb_rgap_and_intro_experiments_declare_their_work(scale):
-    declared = [i for i in experiments.available() if experiments.get(i).work is not None]
-    assert {i for i in experiments.available() if not i.startswith("bayes/")} <= set(declared)
-    for exp_id in declared:
+def test_every_experiment_declares_its_work(scale):
+    for exp_id in experiments.available():
         exp = experiments.get(exp_id)
+        assert exp.work is not None, f"{exp_id} declares no work"
         units = exp.work(Context(scale=scale, progress=False, settings=exp.config))
         assert units and all(isinstance(load, Load) for unit in units for load in unit), exp_id
+
+
+class _Units(Exception):
+    """Raised by :func:`_run_units` at a run's first ``ctx.units`` call, with its unit count."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def _run_units(exp: registry.Experiment, ctx: Context, monkeypatch) -> int:
+    """The number of units ``exp``'s run in ``ctx`` computes: its keys at its ``ctx.units`` call
+    (the run stops there), or one unit for a run that never splits into units."""
+    if ".units(" not in inspect.getsource(exp.fn):
+        return 1
+
+    def stop(self, keys, compute, desc):
+        raise _Units(len(list(keys)))
+
+    monkeypatch.setattr(Context, "units", stop)
+    with pytest.raises(_Units) as found:
+        exp.fn(ctx)
+    return found.value.count
+
+
+BAYES = sorted(i for i in experiments.available() if i.startswith("bayes/"))
+
+
+@pytest.mark.parametrize("scale", ["ci", "paper"])
+@pytest.mark.parametrize("exp_id", BAYES)
+def test_a_bayes_experiment_declares_one_entry_per_unit_of_its_run(exp_id, scale, monkeypatch):
+    """At paper scale on the embedded data (the runs stop at their units before any attack)."""
+    exp = experiments.get(exp_id)
+    data = {"mnist": "digits28", "cifar10": "patches"} if scale == "paper" else {}
+    ctx = Context(scale=scale, progress=False, settings=exp.config, data=data, download=False)
+    declared = len(exp.work(ctx))
+    assert declared == _run_units(exp, ctx, monkeypatch), exp_id
+
+
+def test_table2_counts_the_search_the_final_attacks_and_the_training_at_paper_scale():
+    exp = experiments.get("bayes/table2")
+    units = exp.work(Context(scale="paper", progress=False, settings=exp.config))
+    assert len(units) == 4, "(MNIST, CIFAR-10) × training steps (0, 500)"
+    for unit, step in zip(units, (0, 500, 0, 500), strict=True):
+        train = [load for load in unit if load.kind == "train"]
+        assert [(t.images, t.steps) for t in train] == ([(1, 500)] if step else [])
+        attacks = [load for load in unit if load.kind == "attack"]
+        assert {load.steps for load in attacks} == {200}
+        # per defense: β on 41 log values and 20 linear ones for each of the four attacks, the
+        # grid's 3 × 5 × 4 × 2 = 120 settings for each heuristic attack and 60 for Bayes (uniform
+        # weighting only), on one tuning victim; then every attack on the 100 victims
+        per_defense = 4 * (41 + 20) + 3 * 120 + 60 + 4 * 100
+        assert sum(load.images for load in attacks) == 4 * per_defense
+
+
+def test_search_runs_as_many_candidates_per_stage_as_counted():
+    model = models.build("mlp", (1, 4, 4), 3, widths=(6,))
+    images, labels = torch.rand(1, 1, 4, 4), torch.tensor([1])
+    case = build_case(model, images, labels, Normalizer.identity())
+    attacks = {a: preset(a, steps=1) for a in ("l2", "cosine")}
+    attacks["bayes"] = preset("bayes", likelihood=Gaussian(sigma=1.0), steps=1)
+    grid = Grid(lr_factors=(1.0,), decays=(0.9, 0.95), beta_factors=(1.0, 2.0))
+    weightings = {"bayes": ("uniform",)}  # the grid's 4 settings × 2 weightings for l2 and cosine
+    found = search(case.model, case.updates, labels=case.labels.unsqueeze(1),
+                   truth=case.images.unsqueeze(1), denormalize=lambda x: x, attacks=attacks,
+                   input_shape=case.input_shape, betas=(1.0, 0.1, 0.01), refine=2, grid=grid,
+                   weightings=weightings)  # fmt: skip
+    ran = Counter(row["stage"] for row in found.rows)
+    counted = stage_sizes(list(attacks), betas=(1.0, 0.1, 0.01), refine=2, grid=grid,
+                          weightings=weightings)  # fmt: skip
+    assert counted == dict(ran) == {"log-beta": 9, "linear-beta": 6, "grid": 8 + 8 + 4}
+    assert stage_sizes(["l2"], betas=None, refine=0) == {"log-beta": 41}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exp_id", ["bayes/table5-priors", "bayes/fig7-mc-samples"])
+def test_a_ci_estimate_is_within_a_factor_two_of_the_run(exp_id):
+    """The estimate against the wall time of the ci run (4 s and 9 s on one busy core)."""
+    exp = experiments.get(exp_id)
+    estimated = estimate.Estimator().of(exp, "ci").seconds
+    start = time.perf_counter()
+    experiments.run(exp_id, "ci", progress=False)
+    taken = time.perf_counter() - start
+    assert taken / 2 < estimated < 2 * taken, (estimated, taken)
 
 
 def test_paper_scale_work_is_counted_from_the_config():

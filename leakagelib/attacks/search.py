@@ -42,7 +42,7 @@ from .result import AttackResult
 Update = dict[str, Tensor]
 Candidates = list[tuple[str, Setting]]
 
-__all__ = ["Grid", "SearchResult", "log_beta_grid", "score", "search"]
+__all__ = ["Grid", "SearchResult", "log_beta_grid", "score", "search", "stage_sizes"]
 
 
 def log_beta_grid(high: float = 1e7, low: float = 5e-6, factor: float = 2.0) -> list[float]:
@@ -107,6 +107,13 @@ def _log_beta(cands: Candidates, psnr: np.ndarray, name: str, refine: bool) -> t
     return beta, float(ps.max())
 
 
+def _weightings_of(
+    name: str, grid: Grid, weightings: Mapping[str, Sequence[str]] | None
+) -> tuple[str, ...]:
+    """The layer weightings stage 3 tries for attack ``name``: its own if given, else the grid's."""
+    return tuple(weightings[name]) if weightings and name in weightings else grid.weightings
+
+
 def _grid(
     attacks: Mapping[str, Attack],
     best_beta: Mapping[str, float],
@@ -117,9 +124,8 @@ def _grid(
     cands = []
     for a, attack in attacks.items():
         base = attack.config.setting()
-        ws = tuple(weightings[a]) if weightings and a in weightings else grid.weightings
         for lf, dec, bf, w in itertools.product(
-            grid.lr_factors, grid.decays, grid.beta_factors, ws
+            grid.lr_factors, grid.decays, grid.beta_factors, _weightings_of(a, grid, weightings)
         ):
             cands.append((a, Setting(base.lr * lf, dec, best_beta[a] * bf, w)))
     return cands
@@ -217,3 +223,29 @@ def search(
         for a in attacks:
             best[a], best_psnr[a] = _best(cands, psnr, a)
     return SearchResult(best=best, best_psnr=best_psnr, rows=rows)
+
+
+def stage_sizes(
+    attacks: Sequence[str],
+    *,
+    betas: Sequence[float] | None = None,
+    refine: int = 20,
+    grid: Grid | None = None,
+    weightings: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, int]:
+    """Candidates per stage that :func:`search` runs for the attacks named ``attacks``.
+
+    The arguments are :func:`search`'s; stages it skips are left out, so the
+    values are the settings of its batched programs, in order
+    (``"log-beta"``, ``"linear-beta"``, ``"grid"``). With the defaults and
+    :class:`Grid` that is 41 + 20 + 120 per heuristic attack and 41 + 20 + 60
+    for one restricted to uniform weighting. Counted before a run for
+    ``campaign``'s estimates (:mod:`leakagelib.experiments.bayes_work`).
+    """
+    sizes = {"log-beta": len(attacks) * len(log_beta_grid() if betas is None else betas)}
+    if refine > 0:
+        sizes["linear-beta"] = len(attacks) * refine
+    if grid is not None:
+        per = len(grid.lr_factors) * len(grid.decays) * len(grid.beta_factors)
+        sizes["grid"] = sum(per * len(_weightings_of(a, grid, weightings)) for a in attacks)
+    return sizes

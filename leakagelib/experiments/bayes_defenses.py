@@ -20,7 +20,7 @@ from functools import cache, partial
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import models
 from ..attacks import bias_attack, preset
@@ -31,17 +31,19 @@ from .bayes_soteria import (
     SOTERIA_CI,
     SOTERIA_PAPER,
     SOTERIA_SOURCES,
+    TRAIN_BATCH,
     image_lists,
     psnr_summary,
     soteria_attacks,
     stand_in_note,
     trained_convbig,
 )
+from .bayes_work import fig2_work, precode_work
 from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["FIG2", "fig2_training", "precode_mlp"]
+__all__ = ["FIG2", "fig2_training", "precode_mlp", "precode_network"]
 
 FIG2 = ScaleConfig(
     ci={
@@ -86,6 +88,7 @@ FIG2 = ScaleConfig(
     row_keys=("defense", "step", "psnr"),
     config=FIG2,
     datasets=("cifar10",),
+    work=fig2_work,
 )
 def fig2_training(ctx: Context) -> dict:
     """Bayes Fig. 2: PSNR of the defense-aware attacks on ATS and Soteria as training proceeds.
@@ -138,7 +141,7 @@ def _ats_scenario(ctx: Context, policy: str) -> tuple[TrainResult, Tensor, Tenso
     augment = partial(_in_normalized_space, ATSAugmentation(policy), norm)
     trained = train(
         net.to(ctx.device), norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device),
-        steps=max(cfg.train_steps), batch_size=32, augment=augment,
+        steps=max(cfg.train_steps), batch_size=TRAIN_BATCH, augment=augment,
         snapshot_steps=cfg.train_steps, seed=ctx.seed,
     )  # fmt: skip
     p_i = cfg.ats_policies.index(policy)
@@ -215,6 +218,20 @@ def _in_normalized_space(
     return norm.normalize(augment(norm.denormalize(batch), g))
 
 
+def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
+    """The Bayes authors' PRECODE MLP on ``in_shape`` inputs (float32; the caller seeds torch).
+
+    Five fully connected layers of 500, Linear(256), the PRECODE bottleneck
+    (K = 256) at ``fc6``, Linear(500) and the classifier of ten classes
+    (``models.build("mlp")``'s documented configuration). Built here for
+    ``bayes/precode-mlp`` and for its declared work (:mod:`.bayes_work`).
+    """
+    return models.build(
+        "mlp", in_shape=in_shape, num_classes=10, widths=(500,) * 5 + (256, 500),
+        bottleneck={"kind": "precode", "position": "fc6", "K": 256},
+    )  # fmt: skip
+
+
 @experiment(
     "bayes/precode-mlp",
     row_keys=("image", "psnr"),
@@ -227,6 +244,7 @@ def _in_normalized_space(
     reference_source="§6: 'In all of our PRECODE experiments we obtain perfect reconstruction "
     "with PSNR values > 150'",
     datasets=("cifar10",),
+    work=precode_work,
 )
 def precode_mlp(ctx: Context) -> dict:
     """PRECODE on an MLP broken exactly by the closed-form first-layer attack (Bayes paper §5–6).
@@ -246,10 +264,7 @@ def precode_mlp(ctx: Context) -> dict:
     images, labels, norm = ctx.dataset("cifar10", n=ctx.config.victims, shuffle=False)
     shape = tuple(images.shape[1:])
     torch.manual_seed(ctx.seed)
-    model = models.build(
-        "mlp", in_shape=shape, num_classes=10, widths=(500,) * 5 + (256, 500),
-        bottleneck={"kind": "precode", "position": "fc6", "K": 256},
-    ).to(device=ctx.device, dtype=torch.float64)  # fmt: skip
+    model = precode_network(shape).to(device=ctx.device, dtype=torch.float64)
     case = build_case(model, images, labels, norm, device=ctx.device)
     result = bias_attack(case.model, case.updates, case.labels, input_shape=shape)
     psnr = case.score(result, "psnr")

@@ -41,6 +41,7 @@ __all__ = [
     "ATTACKS",
     "DEFENSES",
     "SCENARIO",
+    "TUNED_WEIGHTINGS",
     "PairedGap",
     "attack_tuned",
     "gray_baseline",
@@ -65,6 +66,10 @@ DEFENSES: dict[str, Callable[[int], GradientDefense]] = {
 #: Table 2's attacks by preset id (:data:`leakagelib.attacks.PRESETS`), as its rows name them:
 #: the Bayes attack with the defense's likelihood and the heuristic ℓ2, ℓ1 and cosine distances.
 ATTACKS = ("bayes", "l2", "l1", "cosine")
+
+#: The layer weightings A.3's grid tries per attack where it does not try the grid's both: the
+#: Bayes attack keeps uniform weights (§6 tunes the weighting for the ℓ2, ℓ1 and cosine attacks).
+TUNED_WEIGHTINGS: dict[str, tuple[str, ...]] = {"bayes": ("uniform",)}
 
 #: MNIST and CIFAR-10 (and their stand-ins) have ten classes.
 NUM_CLASSES = 10
@@ -132,8 +137,8 @@ def tune(ctx: Context, case: Case, attacks: dict[str, Attack], *, offset: int) -
     """A.3's search (:func:`~leakagelib.attacks.search.search`) for every attack on ``case``.
 
     It runs on the first ``tune_victims`` victims with the config's ``betas``,
-    ``refine`` and ``grid``; the Bayes attack keeps uniform layer weights (§6
-    tunes the weighting only for the heuristic attacks). ``found.best_psnr``
+    ``refine`` and ``grid``; the Bayes attack keeps uniform layer weights
+    (:data:`TUNED_WEIGHTINGS`). ``found.best_psnr``
     is each attack's *tuning* score, which chooses between variants (Table
     5's φ) without looking at the scored images.
     """
@@ -141,7 +146,7 @@ def tune(ctx: Context, case: Case, attacks: dict[str, Attack], *, offset: int) -
     return search(
         head.model, head.updates, labels=head.labels.unsqueeze(1), truth=head.images.unsqueeze(1),
         denormalize=head.normalizer.denormalize, attacks=attacks, input_shape=head.input_shape,
-        betas=cfg.betas, refine=cfg.refine, grid=cfg.grid, weightings={"bayes": ("uniform",)},
+        betas=cfg.betas, refine=cfg.refine, grid=cfg.grid, weightings=TUNED_WEIGHTINGS,
         generator=ctx.generator(offset), device=ctx.device, bounds=head.bounds,
     )  # fmt: skip
 

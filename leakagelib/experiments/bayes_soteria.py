@@ -44,6 +44,7 @@ from ..attacks import Attack, TotalVariation, preset
 from ..data import Dataset, Normalizer
 from ..defenses import GradientDefense, Soteria, layer_drop_attack
 from ..fl import TrainResult, train
+from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
@@ -55,6 +56,7 @@ __all__ = [
     "SOTERIA_PAPER",
     "SOTERIA_SOURCES",
     "SOTERIA_STAND_IN",
+    "TRAIN_BATCH",
     "convbig",
     "fig5_soteria_layers",
     "image_lists",
@@ -111,6 +113,9 @@ FIG5 = ScaleConfig(
 #: The direct attack's preset for each form of the layer-drop likelihood (same distance, all layers).
 DIRECT = {"gaussian": "l2", "cosine": "cosine"}
 
+#: The batch size of the ATS and Soteria networks' training (A.1, A.2: "a batch size of 32").
+TRAIN_BATCH = 32
+
 #: The embedded images the Soteria victims are at ci scale, with MNIST's normalisation (the
 #: module docstring says why not the CIFAR-10 stand-in ``patches``).
 SOTERIA_STAND_IN = "digits28"
@@ -147,7 +152,7 @@ def trained_convbig(
 
     Returns the first ``n`` test images of CIFAR-10 (of :data:`SOTERIA_STAND_IN`
     at ci scale) in [0, 1], their labels, the normaliser and the training
-    run: ``max(steps)`` steps of batch size 32 without defense (A.1), with a
+    run: ``max(steps)`` steps of batch size :data:`TRAIN_BATCH` without defense (A.1), with a
     snapshot of the weights after each of ``steps``.
     """
     images, labels, norm = _soteria_data(ctx, n, "test")
@@ -155,7 +160,7 @@ def trained_convbig(
     net = convbig(tuple(images.shape[1:]), ctx.config.hidden, seed=ctx.seed).to(ctx.device)
     trained = train(
         net, norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device), steps=max(steps),
-        batch_size=32, snapshot_steps=steps, seed=ctx.seed,
+        batch_size=TRAIN_BATCH, snapshot_steps=steps, seed=ctx.seed,
     )  # fmt: skip
     return images, labels, norm, trained
 
@@ -223,6 +228,7 @@ def psnr_summary(psnr: Tensor) -> dict[str, float]:
     row_keys=("defended", "attack", "psnr"),
     config=FIG5,
     datasets=("cifar10",),
+    work=fig5_work,
 )
 def fig5_soteria_layers(ctx: Context) -> dict:
     """Bayes Fig. 5: the direct attack versus the layer-drop attack on Soteria, either layer defended.

@@ -29,10 +29,11 @@ from ..attacks import (
 )
 from ..bayes_risk import SyntheticGaussian, defended, optimisation_adversary
 from ..defenses import LaplaceNoise
+from .bayes_work import fig4_work
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["FIG4", "LOOP", "fig4_synthetic", "synthetic_attack"]
+__all__ = ["FIG4", "LOOP", "fig4_synthetic", "synthetic_attack", "synthetic_attacks"]
 
 #: The loop of the four attacks: Adam with a constant learning rate for 200 steps, β = 1 (the
 #: priors are the true ones, so they need no weight). Fig. 4 plots 200 steps; the learning rate
@@ -62,8 +63,8 @@ def synthetic_attack(likelihood: Likelihood, prior: Prior, **overrides: Any) -> 
     return preset("bayes", likelihood=likelihood, prior=prior, **{**LOOP, **overrides})
 
 
-def _attacks(noise: float) -> dict[tuple[str, str], Attack]:
-    """(prior, likelihood) → attack: Gaussian or Laplace prior × Gaussian or Laplace likelihood.
+def synthetic_attacks(noise: float) -> dict[tuple[str, str], Attack]:
+    """Fig. 4's attacks, (prior, likelihood) → attack: Gaussian or Laplace prior and likelihood.
 
     The priors have the data's variance 1 (Laplace scale 1/√2); the
     mismatched Gaussian likelihood has the noise's variance 2b².
@@ -82,6 +83,7 @@ def _attacks(noise: float) -> dict[tuple[str, str], Attack]:
     row_keys=("prior", "conditional", "final_distance"),
     config=FIG4,
     reference_source="Fig. 4 of Balunović et al. (ICLR 2022), a figure without numbers",
+    work=fig4_work,
 )
 def fig4_synthetic(ctx: Context) -> dict:
     """Bayes paper Fig. 4: four attacks, prior × conditional ∈ {gaussian, laplace}², on §6's task.
@@ -98,7 +100,7 @@ def fig4_synthetic(ctx: Context) -> dict:
     x, y = task.sample(cfg.samples, gen)
     shared = defended(task, LaplaceNoise(cfg.noise), x, y, gen)
     rows, curves = [], {}
-    for (prior, conditional), attack in _attacks(cfg.noise).items():
+    for (prior, conditional), attack in synthetic_attacks(cfg.noise).items():
         distance: list[float] = []
 
         def record(step: int, xs: Tensor, out: list[float] = distance) -> None:

@@ -52,6 +52,7 @@ from .bayes_scenario import (
     table2_attacks,
     tune,
 )
+from .bayes_work import fig7_work, table2_work, table5_work
 from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
@@ -146,6 +147,7 @@ def _per_attack(table: dict[tuple[str, str, int], tuple[float, ...]]) -> list[di
     ),
     reference_source="Table 2 of Balunović et al. (ICLR 2022): PSNR (dB), 100 images",
     datasets=("mnist", "cifar10"),
+    work=table2_work,
 )
 def table2(ctx: Context) -> list[dict]:
     """Bayes paper Table 2: PSNR of the Bayes, ℓ2, ℓ1 and cosine attacks under four noise defenses.
@@ -226,6 +228,7 @@ def _table5_row(ctx: Context, case: Case, offset: int) -> dict:
     ],
     reference_source="Table 5 of Balunović et al. (ICLR 2022): PSNR (dB), MNIST, step 500",
     datasets=("mnist",),
+    work=table5_work,
 )
 def table5_priors(ctx: Context) -> list[dict]:
     """Bayes paper Table 5: the ℓ2 attack with a TV prior versus TV + the pixel-range prior of A.4.
@@ -268,6 +271,7 @@ def _psnr_curves(case: Case, attack: Attack, generator: torch.Generator) -> Tens
     config=FIG7,
     reference_source="Fig. 7 of Balunović et al. (ICLR 2022), a figure without numbers",
     datasets=("mnist",),
+    work=fig7_work,
 )
 def fig7_mc_samples(ctx: Context) -> list[dict]:
     """Bayes paper Fig. 7: PSNR per attack step for k Monte-Carlo samples (k ∈ ``mc_samples``).

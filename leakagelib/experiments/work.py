@@ -42,6 +42,7 @@ __all__ = [
     "Net",
     "WorkFn",
     "evaluation_load",
+    "image_shape",
     "split_size",
 ]
 
@@ -109,27 +110,43 @@ WorkFn = Callable[["Context"], list[list[Load]]]
 
 
 @cache
-def _count(spec: str) -> int:
-    """Images in an embedded dataset or an ``.npz`` file (its header only)."""
+def _shape(spec: str) -> tuple[int, ...]:
+    """``N × C × H × W`` of an embedded dataset or an ``.npz`` file (its header only)."""
     if spec in _data.EMBEDDED:
-        return len(_data.EMBEDDED[spec][0]().labels)
+        return tuple(_data.EMBEDDED[spec][0]().images.shape)
     from ..data.npz import NpzArchive
 
     with NpzArchive(Path(spec).expanduser()) as archive:
-        return archive.headers(("images",), (), "an .npz dataset holds 'images'")["images"].shape[0]
+        return archive.headers(("images",), (), "an .npz dataset holds 'images'")["images"].shape
 
 
-def split_size(ctx: Context, logical: str, split: str) -> int:
+def split_size(ctx: Context, logical: str, split: str, stand_in: str | None = None) -> int:
     """Images in ``split`` ("train" or "test") of what stands for ``logical`` in a run in ``ctx``.
 
     Published sizes for the datasets themselves (:data:`SPLIT_SIZES`), the
     split rule of :func:`leakagelib.data.split_indices` for embedded data and
-    ``.npz`` files (read header-first); nothing is downloaded.
+    ``.npz`` files (read header-first); nothing is downloaded. ``stand_in`` as
+    in :meth:`~leakagelib.experiments.Context.resolve`.
     """
-    spec = ctx.resolve(logical)
+    spec = ctx.resolve(logical, stand_in)
     if spec in SPLIT_SIZES:
         return SPLIT_SIZES[spec][split]
-    return len(_data.split_indices(_count(spec), split))
+    return len(_data.split_indices(_shape(spec)[0], split))
+
+
+def image_shape(ctx: Context, logical: str, stand_in: str | None = None) -> tuple[int, ...]:
+    """``C × H × W`` of the images that stand for ``logical`` in a run in ``ctx``.
+
+    The published format of a torchvision or MedMNIST dataset
+    (:data:`leakagelib.data.FORMATS`), the images of embedded data, an
+    ``.npz`` file's header; nothing is downloaded. ``stand_in`` as in
+    :meth:`~leakagelib.experiments.Context.resolve`.
+    """
+    spec = ctx.resolve(logical, stand_in)
+    if spec in _data.FORMATS:
+        fmt = _data.FORMATS[spec]
+        return (fmt.channels, *fmt.size)
+    return tuple(_shape(spec)[1:])
 
 
 def evaluation_load(net: Net, images: int, passes: int = 1) -> Load:

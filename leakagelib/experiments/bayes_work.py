@@ -1,0 +1,233 @@
+"""The work the Bayes paper's experiments declare, for ``campaign``'s estimates (:mod:`.work`).
+
+Every ``bayes/*`` experiment registers one of these functions as its
+``work=``: for each unit of its run, in the order of
+:meth:`~leakagelib.experiments.Context.units`, the loads that dominate the
+unit's time, counted from ``ctx.config`` and the shapes and sizes of the
+run's data (nothing is trained or attacked):
+
+* an attack of ``steps`` Adam steps on ``H`` settings × ``N`` updates, each
+  with ``R`` restarts and ``k`` Monte-Carlo samples, is ``steps`` attack steps
+  on ``H·N·R·k`` images: the batched program evaluates every one of them at
+  each step (:mod:`leakagelib.attacks.loop`);
+* A.3's search (:func:`~.bayes_scenario.tune`) is such an attack per stage,
+  its candidates (:func:`~leakagelib.attacks.search.stage_sizes`) being the
+  settings and the tuning victims the updates; the final attacks are every
+  tuned attack on every victim (:func:`~.bayes_scenario.attack_tuned`);
+* training before the attacks — the "step 500" network of Tables 2 and 5
+  (batch ``train_batch``), Fig. 2's and Fig. 5's ConvNet and ConvBig (batch
+  :data:`~.bayes_soteria.TRAIN_BATCH`) — counts in the unit that first needs
+  the network, as a run trains each network once;
+* Soteria's fit (:meth:`~leakagelib.defenses.Soteria.share`) on every victim
+  takes one backward pass to the input per input feature of the defended
+  layer, counted as a forward pass of the victims through the network each
+  (measured on ConvBig: 2.9 s counted for 5.9 s taken at ci scale, 68 s
+  for 39 s at paper scale, ``fc1`` defended);
+* the per-image gradients of the victims count as one training step on them
+  where nothing else is computed (``bayes/precode-mlp``, whose closed-form
+  attack is a least-squares solve per image).
+
+The probes time Inverting Gradients' cosine likelihood; the Bayes attack's
+pruned likelihood with known masks costs more per step (131 ms against 50
+ms for the cosine attack on eight 3×32×32 images), so Table 2's estimate
+runs short (at ci scale 11 s estimated for 20 s taken). Left out: loading the data, the victims' updates beside the attacks,
+scoring, and ATS's augmentation of the training batches. The Bayes
+experiments' modules register these functions, so they are imported here
+only inside the functions (once every module is loaded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from .. import models
+from ..attacks import AttackConfig, preset
+from ..attacks.search import stage_sizes
+from .bayes_scenario import NUM_CLASSES, TUNED_WEIGHTINGS
+from .registry import Context
+from .work import Load, Net, image_shape
+
+__all__ = [
+    "bayes_cnn_net",
+    "fig2_work",
+    "fig4_work",
+    "fig5_work",
+    "fig7_work",
+    "precode_work",
+    "table2_work",
+    "table5_work",
+]
+
+
+def _dims(shape: Sequence[int]) -> str:
+    """``1×28×28``: a shape as the plan names it."""
+    return "×".join(str(d) for d in shape)
+
+
+def bayes_cnn_net(shape: tuple[int, ...]) -> Net:
+    """``bayes-cnn`` on ``shape`` inputs, as :func:`~.bayes_scenario.scenario` builds it."""
+    return Net(
+        f"bayes-cnn {_dims(shape)}", lambda: models.build("bayes-cnn", shape, NUM_CLASSES), shape
+    )
+
+
+def _convbig_net(shape: tuple[int, ...], hidden: tuple[int, int]) -> Net:
+    """ConvBig with fully connected widths ``hidden``, as :func:`~.bayes_soteria.convbig` builds it."""
+    from .bayes_soteria import convbig
+
+    key = f"convbig {'-'.join(map(str, hidden))} {_dims(shape)}"
+    return Net(key, lambda: convbig(shape, hidden, seed=0), shape)
+
+
+def _attack(net: Net, loop: AttackConfig, images: int) -> Load:
+    """``loop``'s attack on ``images`` (settings × updates): its steps, restarts and MC samples."""
+    return Load(net, "attack", images * loop.restarts * loop.mc_samples, loop.steps)
+
+
+def _training(net: Net, batch: int, steps: int) -> list[Load]:
+    """``steps`` training steps of ``batch`` images; none when the network is attacked untrained."""
+    return [Load(net, "train", batch, steps)] if steps > 0 else []
+
+
+def _tuned(
+    ctx: Context, net: Net, groups: Sequence[Sequence[str]], final: Sequence[int]
+) -> list[Load]:
+    """A.3's search, then ``final[i]`` tuned attacks of ``groups[i]`` on every victim.
+
+    A group is attacks that share one likelihood object: the batched program
+    evaluates each distinct likelihood on its own settings
+    (:mod:`leakagelib.attacks.objective`), so each group is loads of its own
+    (measured at ci scale: Table 2's four attacks together take as long as
+    each alone, summed). All of Table 2's and Table 5's attacks run the loop
+    of the ``bayes`` preset (the heuristic ones with another distance), at
+    ``steps`` steps.
+    """
+    cfg, loads = ctx.config, []
+    loop = preset("l2", steps=cfg.steps).config
+    for group, chosen in zip(groups, final, strict=True):
+        stages = stage_sizes(group, betas=cfg.betas, refine=cfg.refine, grid=cfg.grid,
+                             weightings=TUNED_WEIGHTINGS)  # fmt: skip
+        loads += [_attack(net, loop, n * cfg.tune_victims) for n in stages.values()]
+        loads.append(_attack(net, loop, chosen * cfg.victims))
+    return loads
+
+
+def table2_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/table2``: per (dataset, training step), the training, then per defense the search
+    for the four attacks and their final attacks."""
+    cfg, units = ctx.config, []
+    for dataset in cfg.datasets:
+        net = bayes_cnn_net(image_shape(ctx, dataset))
+        for step in cfg.train_steps:
+            loads = _training(net, cfg.train_batch, step)
+            for _ in cfg.defenses:
+                loads += _tuned(ctx, net, [[a] for a in cfg.attacks], [1] * len(cfg.attacks))
+            units.append(loads)
+    return units
+
+
+def table5_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/table5-priors``: the network's training (before the first unit), then per defense
+    the search for the TV prior and every φ, and the final attacks of TV and the chosen φ (all
+    with one ℓ2 likelihood object)."""
+    cfg = ctx.config
+    net = bayes_cnn_net(image_shape(ctx, "mnist"))
+    priors = ["tv", *(f"tv+range:{phi:g}" for phi in cfg.phis)]
+    units = [_tuned(ctx, net, [priors], [2]) for _ in cfg.defenses]  # one likelihood object
+    units[0] = _training(net, cfg.train_batch, cfg.train_step) + units[0]
+    return units
+
+
+def fig7_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/fig7-mc-samples``: per k, the Bayes attack on every victim with k ball samples
+    (one restart: the preset's default)."""
+    cfg = ctx.config
+    net = bayes_cnn_net(image_shape(ctx, "mnist"))
+    return [[Load(net, "attack", cfg.victims * k, cfg.steps)] for k in cfg.mc_samples]
+
+
+def _soteria_fit(net: Net, model: nn.Module, layer: str, victims: int) -> Load:
+    """Soteria's fit on ``victims`` images: a pass per input feature of ``layer`` (module docstring)."""
+    return Load(net, "forward", victims, model.get_submodule(layer).in_features)
+
+
+def _soteria_net(ctx: Context) -> tuple[Net, nn.Module]:
+    """ConvBig at the run's settings on the Soteria victims' shape, and one built copy of it."""
+    from .bayes_soteria import SOTERIA_STAND_IN
+
+    net = _convbig_net(image_shape(ctx, "cifar10", SOTERIA_STAND_IN), ctx.config.hidden)
+    return net, net.build()
+
+
+def fig5_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/fig5-soteria-layers``: ConvBig's training (before the first unit); ``fc1`` defended:
+    Soteria's fit and one batched attack of the layer-drop candidate of every linear layer and the
+    direct attack; ``fc2`` defended: the fit and the layer-drop attack that knows the layer."""
+    from ..defenses import layer_drop_likelihoods
+    from .bayes_soteria import TRAIN_BATCH
+
+    cfg = ctx.config
+    net, model = _soteria_net(ctx)
+    candidates = len(layer_drop_likelihoods(model, cfg.likelihood)) + 1
+    attack = [Load(net, "attack", n * cfg.victims, cfg.attack_steps) for n in (candidates, 1)]
+    return [
+        [*_training(net, TRAIN_BATCH, cfg.train_steps),
+         _soteria_fit(net, model, "fc1.linear", cfg.victims), attack[0]],
+        [_soteria_fit(net, model, "fc2.linear", cfg.victims), attack[1]],
+    ]  # fmt: skip
+
+
+def fig2_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/fig2-training``: per ATS policy its ConvNet's training (in its first unit) and per
+    step Inverting Gradients on its victims; then ConvBig's training (in the first Soteria unit)
+    and per step Soteria's fit on ``fc1`` and the layer-drop and direct attacks together."""
+    from .bayes_soteria import TRAIN_BATCH
+
+    cfg = ctx.config
+    steps, longest = cfg.train_steps, max(cfg.train_steps)
+    shape = image_shape(ctx, "cifar10")
+    convnet = Net(f"convnet-{cfg.ats_width} {_dims(shape)}", lambda: models.build(
+        "convnet", in_shape=shape, num_classes=10, width=cfg.ats_width).eval(), shape)  # fmt: skip
+    # eval mode, as the run attacks it (batch norm with running statistics); the training probe
+    # switches to train mode itself
+    ig = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv, signed=False)
+    attack = _attack(convnet, ig.config, cfg.ats_victims)
+    units = [
+        [*(_training(convnet, TRAIN_BATCH, longest) if i == 0 else []), attack]
+        for _ in cfg.ats_policies
+        for i in range(len(steps))
+    ]
+    net, model = _soteria_net(ctx)
+    soteria = [_soteria_fit(net, model, "fc1.linear", cfg.soteria_victims),
+               Load(net, "attack", 2 * cfg.soteria_victims, cfg.attack_steps)]  # fmt: skip
+    units += [
+        [*(_training(net, TRAIN_BATCH, longest) if i == 0 else []), *soteria]
+        for i in range(len(steps))
+    ]
+    return units
+
+
+def fig4_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/fig4-synthetic`` (one unit): each of the four attacks on every sample in turn."""
+    from ..bayes_risk import SyntheticGaussian
+    from .bayes_synthetic import synthetic_attacks
+
+    cfg = ctx.config
+    net = Net(
+        f"synthetic-mlp {cfg.dim}-{cfg.hidden}-{cfg.classes}",
+        lambda: SyntheticGaussian(dim=cfg.dim, num_classes=cfg.classes, hidden=cfg.hidden).model,
+        (1, 1, cfg.dim),  # the task's inputs as 1 × 1 × dim "images"
+        cfg.classes,
+    )
+    return [[_attack(net, a.config, cfg.samples) for a in synthetic_attacks(cfg.noise).values()]]
+
+
+def precode_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/precode-mlp`` (one unit): the victims' per-image gradients of the PRECODE MLP."""
+    from .bayes_defenses import precode_network
+
+    shape = image_shape(ctx, "cifar10")
+    net = Net(f"precode-mlp {_dims(shape)}", lambda: precode_network(shape), shape)
+    return [[Load(net, "train", ctx.config.victims)]]
