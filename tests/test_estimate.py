@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import time
+import sys
 from collections import Counter
 from dataclasses import replace
 
@@ -116,6 +116,10 @@ def _run_units(exp: registry.Experiment, ctx: Context, monkeypatch) -> int:
         raise _Units(len(list(keys)))
 
     monkeypatch.setattr(Context, "units", stop)
+    module = sys.modules[exp.fn.__module__]
+    if hasattr(module, "scenario"):  # the network at step 0: no unit count needs it trained
+        scenario = module.scenario
+        monkeypatch.setattr(module, "scenario", lambda c, name, step, n: scenario(c, name, 0, n))
     with pytest.raises(_Units) as found:
         exp.fn(ctx)
     return found.value.count
@@ -168,18 +172,6 @@ def test_search_runs_as_many_candidates_per_stage_as_counted():
                           weightings=weightings)  # fmt: skip
     assert counted == dict(ran) == {"log-beta": 9, "linear-beta": 6, "grid": 8 + 8 + 4}
     assert stage_sizes(["l2"], betas=None, refine=0) == {"log-beta": 41}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("exp_id", ["bayes/table5-priors", "bayes/fig7-mc-samples"])
-def test_a_ci_estimate_is_within_a_factor_two_of_the_run(exp_id):
-    """The estimate against the wall time of the ci run (4 s and 9 s on one busy core)."""
-    exp = experiments.get(exp_id)
-    estimated = estimate.Estimator().of(exp, "ci").seconds
-    start = time.perf_counter()
-    experiments.run(exp_id, "ci", progress=False)
-    taken = time.perf_counter() - start
-    assert taken / 2 < estimated < 2 * taken, (estimated, taken)
 
 
 def test_paper_scale_work_is_counted_from_the_config():
