@@ -278,7 +278,9 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
     assert idlg.config.optimizer == "lbfgs" and idlg.config.box and idlg.labels == "given"
     assert (idlg.config.schedule, idlg.config.plateau_patience, idlg.config.stop_patience) == (
-        "plateau", 40, 400
+        "plateau",
+        40,
+        400,
     )
     cpl = cvb_attack("cpl", paper, tv=0.1, steps=7, lr=0.5)
     assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "normal")
