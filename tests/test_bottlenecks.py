@@ -266,15 +266,26 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     assert ig.name == "inverting-gradients" and isinstance(ig.likelihood, Cosine)
     assert isinstance(ig.prior, TotalVariation) and ig.labels == "given"
     assert (ig.config.steps, ig.config.lr, ig.config.beta) == (20_000, 1.0, 0.1)
-    assert ig.config.signed and ig.config.box and ig.config.schedule == "step"
+    assert ig.config.signed and ig.config.box and ig.config.init == "normal"
+    # configs/attacks/IG.yaml: ReduceLROnPlateau ×0.1 after 400, stop after 4000, below 1e-5
+    loop = (ig.config.schedule, ig.config.decay, ig.config.plateau_patience,
+            ig.config.stop_patience, ig.config.stop_below, ig.config.keep_best)  # fmt: skip
+    assert loop == ("plateau", 0.1, 400, 4000, 1e-5, True)
     assert ig.likelihood.layers.include == ["conv1.conv.weight"]
     idlg = cvb_attack("idlg", ci, tv=0.1)
-    assert isinstance(idlg.likelihood, Gaussian) and idlg.likelihood.sigma == 1.0
+    assert isinstance(idlg.likelihood, Gaussian)
+    assert idlg.likelihood.sigma == pytest.approx(2**-0.5)  # ‖g − s‖², the authors' GL2
     assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
     assert idlg.config.optimizer == "lbfgs" and idlg.config.box and idlg.labels == "given"
+    assert (idlg.config.schedule, idlg.config.plateau_patience, idlg.config.stop_patience) == (
+        "plateau",
+        40,
+        400,
+    )
     cpl = cvb_attack("cpl", paper, tv=0.1, steps=7, lr=0.5)
-    assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "pattern")
-    assert not cpl.config.box and cpl.labels == "given"
+    assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "normal")
+    assert not cpl.config.box and cpl.labels == "given" and cpl.config.keep_best
+    assert cpl.config.beta == 0.01 and cpl.parts()["prior"] == {"prior": "logit-label-distance"}
     with pytest.raises(ValueError, match="unknown attack 'dlg'"):
         cvb_attack("dlg", ci, tv=0.1)
 

@@ -21,7 +21,7 @@ from .closed_form import bias_attack
 from .config import AttackConfig, Setting
 from .likelihoods import Cosine, Gaussian, Laplace, LayerSelection, Likelihood, Pruned
 from .loop import image_bounds, reconstruct
-from .network_priors import BatchNormStatistics, LabelAlignment, gradinversion
+from .network_priors import BatchNormStatistics, LabelAlignment, LogitLabelDistance, gradinversion
 from .presets import PRESETS, preset
 from .priors import (
     GaussianPrior,
@@ -45,6 +45,7 @@ __all__ = [
     "GaussianPrior",
     "LabelAlignment",
     "Laplace",
+    "LogitLabelDistance",
     "LaplacePrior",
     "LayerSelection",
     "Likelihood",

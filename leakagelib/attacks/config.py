@@ -18,7 +18,7 @@ from .likelihoods import WEIGHTINGS
 __all__ = ["ENGINES", "INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
 
 OPTIMIZERS = ("adam", "lbfgs")
-SCHEDULES = ("exponential", "step", "constant")
+SCHEDULES = ("exponential", "step", "constant", "plateau")
 INITS = ("normal", "uniform", "zeros", "pattern")
 ENGINES = ("auto", "hooks", "vmap")
 
@@ -79,7 +79,19 @@ class AttackConfig:
       ``.step`` of up to ``lbfgs_iterations`` inner iterations per step, as DLG).
     * ``schedule``: ``"exponential"`` (lr · decay^(t / decay_every), the Bayes
       code), ``"step"`` (lr · decay at 3/8, 5/8 and 7/8 of the steps, Inverting
-      Gradients) or ``"constant"``.
+      Gradients), ``"plateau"`` (each attack's lr times ``decay`` once its
+      objective has not improved by the relative ``plateau_threshold`` for more
+      than ``plateau_patience`` steps: torch's ``ReduceLROnPlateau``, as the
+      CVB authors run every attack) or ``"constant"``. The defaults 10 and
+      10⁻⁴ are torch's; the CVB values are in :mod:`.presets`.
+    * ``stop_patience``: stop an attack once its objective has not strictly
+      decreased for this many steps; ``stop_below``: stop it once its lowest
+      objective is below this value (``None``: never; the CVB authors'
+      ``EarlyStopping`` and their 10⁻⁵, ``src/attacks.py``). A stopped attack
+      keeps its iterate while the others of the batch go on.
+    * ``keep_best``: return each attack's iterate of lowest recorded objective
+      rather than its last (the CVB authors' loop). These three and the plateau
+      schedule act per attack (:mod:`.control`).
     * ``init``: ``"normal"`` (N(0, init_scale²) in the model's input space, the
       Bayes code), ``"uniform"`` (U within ``bounds``, or U(0, 1)), ``"zeros"``,
       or ``"pattern"`` (CPL's patterned initialisation: one random
@@ -117,6 +129,11 @@ class AttackConfig:
     lbfgs_iterations: int = 20
     lbfgs_history: int = 100
     engine: str = "auto"
+    plateau_patience: int = 10
+    plateau_threshold: float = 1e-4
+    stop_patience: int | None = None
+    stop_below: float | None = None
+    keep_best: bool = False
 
     def __post_init__(self) -> None:
         _count("steps", self.steps, "optimiser steps")
@@ -132,11 +149,50 @@ class AttackConfig:
         _choice("engine", self.engine, ENGINES)
         _number("init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True)
         _number("delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False)
+        self._check_control()
         if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1):
             raise ValueError(
                 "L-BFGS needs a deterministic objective: no signed gradients or MC samples"
             )
         self.setting()  # validates lr, decay, beta and weighting
+
+    def _check_control(self) -> None:
+        """Validate the plateau schedule's and early stopping's fields."""
+        if isinstance(self.plateau_patience, bool) or not isinstance(
+            self.plateau_patience, Integral
+        ):
+            raise TypeError(
+                f"plateau_patience must be an integer >= 0 (bad steps before lr drops), "
+                f"got {self.plateau_patience!r}"
+            )
+        if self.plateau_patience < 0:
+            raise ValueError(
+                f"plateau_patience must be an integer >= 0 (bad steps before lr drops), "
+                f"got {self.plateau_patience!r}"
+            )
+        _number("plateau_threshold", self.plateau_threshold, "the relative improvement that "
+                "counts, below 1", low=0.0, low_open=False)  # fmt: skip
+        if self.plateau_threshold >= 1:
+            raise ValueError(f"plateau_threshold must be below 1, got {self.plateau_threshold!r}")
+        if self.schedule == "plateau" and self.decay == 1:
+            raise ValueError("decay must be below 1 with schedule='plateau' (the lr's factor)")
+        if self.stop_patience is not None:
+            _count("stop_patience", self.stop_patience, "steps without improvement before a stop")
+        if self.stop_below is not None:
+            _number("stop_below", self.stop_below, "the objective that ends an attack",
+                    low=-math.inf, low_open=True)  # fmt: skip
+        if not isinstance(self.keep_best, bool):
+            raise TypeError(f"keep_best must be True or False, got {self.keep_best!r}")
+
+    @property
+    def watched(self) -> bool:
+        """Whether the loop keeps per-attack state (:mod:`.control`): plateau, stops or best iterate."""
+        return (
+            self.schedule == "plateau"
+            or self.stop_patience is not None
+            or self.stop_below is not None
+            or self.keep_best
+        )
 
     def setting(self) -> Setting:
         """This configuration's own hyper-parameters as a :class:`Setting`."""

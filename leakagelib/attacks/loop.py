@@ -5,8 +5,9 @@ with ``x₁..x_k`` drawn uniformly from the δ-ball around the current iterate
 (Balunović et al. 2022, Eq. 3 and Algorithm 1; ``k = 1`` with ``δ = 0`` is the
 ball's centre, the usual attack). The loop owns everything that is not the
 likelihood or the prior: the initialisation, the optimiser (Adam with
-exponential or step decay, or L-BFGS), signed gradients, box constraints,
-restarts and the Monte-Carlo samples.
+exponential, step or plateau decay, or L-BFGS), signed gradients, box
+constraints, restarts, the Monte-Carlo samples, and — per attack — early
+stopping and the best iterate (:mod:`.control`, :mod:`.lbfgs`).
 
 **Batched by design.** Independent attacks form a tensor of shape
 ``H × N × R × n × C × H × W``: ``H`` hyper-parameter settings (learning rate,
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 
 from ..gradients import check_update
 from .config import AttackConfig, Setting
+from .lbfgs import lbfgs_per_attack
 from .likelihoods import Likelihood
 from .objective import batched_objective
 from .optimizers import Evaluate, adam_loop, lbfgs_loop
@@ -136,8 +138,11 @@ def _validate(
     if config.box and bounds is None:
         raise ValueError("config.box needs bounds (see image_bounds)")
     settings = list(settings) if settings else [config.setting()]
-    if config.optimizer == "lbfgs" and len({s.lr for s in settings}) > 1:
-        raise ValueError("L-BFGS runs all settings with one learning rate")
+    if config.optimizer == "lbfgs" and not config.watched and len({s.lr for s in settings}) > 1:
+        raise ValueError(
+            "L-BFGS on the summed objective runs all settings with one learning rate "
+            "(a watched config, e.g. keep_best=True, runs L-BFGS per attack)"
+        )
     return settings
 
 
@@ -216,6 +221,9 @@ def _optimise(
         steps = tqdm(steps, desc="attack", leave=False)
     if config.optimizer == "adam":
         return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps, callback)
+    if config.watched:  # per attack: its own L-BFGS, lr, stops and best iterate
+        lrs = torch.tensor([s.lr for s in settings], device=x.device)
+        return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps, callback)
     lr = settings[0].lr
     return lbfgs_loop(config, evaluate, x, z, lr, offsets.draw, clamp, steps, callback)
 

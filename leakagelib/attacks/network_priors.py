@@ -9,6 +9,7 @@ two that need more than the candidate ``x``:
   statistics;
 * :class:`LabelAlignment` — CPL's label-based regulariser: the network's
   prediction on the reconstruction should match the (recovered) label;
+  :class:`LogitLabelDistance` is the form the CVB authors' CPL uses;
 * :func:`gradinversion` — TV plus an ℓ2 image norm, plus the BatchNorm term
   when given a model with BatchNorm layers.
 
@@ -28,7 +29,7 @@ from torch.func import functional_call
 
 from .priors import GaussianPrior, Prior, TotalVariation, WeightedSum
 
-__all__ = ["BatchNormStatistics", "LabelAlignment", "gradinversion"]
+__all__ = ["BatchNormStatistics", "LabelAlignment", "LogitLabelDistance", "gradinversion"]
 
 
 def _frozen_forward(model: nn.Module, x: Tensor) -> Tensor:
@@ -173,6 +174,49 @@ class LabelAlignment(Prior):
 
     def describe(self) -> dict[str, object]:
         return {"prior": "label-alignment"}
+
+
+@dataclass(frozen=True)
+class LogitLabelDistance(Prior):
+    """CPL's label term as the CVB authors run it: ``-‖h(x) − y‖₂`` with ``h`` the logits.
+
+    The CVB authors' CPL (dAI-SY-Group/ConvolutionalVariationalBottleneck,
+    ``src/attacks.py``, ``CPL.attack_specific_regularization``, weight
+    ``regularization: 0.01`` in ``configs/attacks/CPL.yaml``) adds
+    ``0.01 · torch.dist(prediction, label, 2)`` to the gradient distance:
+    the plain (not squared) Euclidean distance between the network's output
+    ``h(x)`` — its logits, the models end in a linear layer — and the integer
+    class label ``y``, which broadcasting subtracts from every logit:
+    ``‖h(x) − y·𝟙‖₂``. It is not the one-hot distance of
+    :class:`LabelAlignment`. Their victims are single images; for ``n`` inputs
+    the distance is taken over all ``n × K`` entries (``y`` per input). Soft
+    labels (DLG's) are not defined for this form and raise.
+    """
+
+    model: nn.Module | None = field(default=None, compare=False, repr=False)
+
+    def bind(self, model: nn.Module) -> LogitLabelDistance:
+        return self if self.model is not None else LogitLabelDistance(model)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        raise ValueError(
+            "the logit-label distance needs the attack's labels: call log_prob_given(x, labels)"
+        )
+
+    def log_prob_given(self, x: Tensor, target: Tensor) -> Tensor:
+        if self.model is None:
+            raise ValueError(
+                "this logit-label distance is not bound to a model: build it with "
+                "LogitLabelDistance(model), or pass it to reconstruct, which binds it"
+            )
+        logits = _frozen_forward(self.model, x)
+        if target.dim() == logits.dim():
+            raise ValueError("the logit-label distance takes class indices, not soft labels")
+        diff = logits - target.to(logits.dtype).unsqueeze(-1)
+        return -diff.pow(2).sum().sqrt()
+
+    def describe(self) -> dict[str, object]:
+        return {"prior": "logit-label-distance"}
 
 
 def gradinversion(

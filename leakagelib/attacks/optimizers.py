@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .config import AttackConfig, Setting
+from .control import Watch
 
 __all__ = ["Evaluate", "adam_loop", "lbfgs_loop"]
 
@@ -34,7 +35,7 @@ def _lr_factor(config: AttackConfig, step: int, decay: Tensor) -> Tensor:
     """The schedule's multiplier at ``step`` for each setting's ``decay``."""
     if config.schedule == "exponential":
         return decay ** (step / config.decay_every)
-    if config.schedule == "step":
+    if config.schedule == "step":  # the plateau schedule's lr lives in control.Watch
         passed = sum(step >= int(config.steps * f) for f in (3 / 8, 5 / 8, 7 / 8))
         return decay**passed
     return torch.ones_like(decay)
@@ -43,7 +44,7 @@ def _lr_factor(config: AttackConfig, step: int, decay: Tensor) -> Tensor:
 def _adam_step(
     var: Tensor, g: Tensor, m: Tensor, v: Tensor, t: int, lr_t: Tensor, signed: bool
 ) -> Tensor:
-    """One Adam update of ``var`` with per-setting learning rates ``lr_t`` (moments in place)."""
+    """One Adam update of ``var`` with learning rates ``lr_t`` per setting or per attack (moments in place)."""
     b1, b2 = ADAM_BETAS
     if signed:
         g = g.sign()
@@ -51,9 +52,8 @@ def _adam_step(
     v.mul_(b2).addcmul_(g, g, value=1 - b2)
     mhat = m / (1 - b1 ** (t + 1))
     vhat = v / (1 - b2 ** (t + 1))
-    return var - lr_t.reshape((lr_t.shape[0],) + (1,) * (var.dim() - 1)) * mhat / (
-        vhat.sqrt() + ADAM_EPS
-    )
+    lr_t = lr_t.reshape(lr_t.shape + (1,) * (var.dim() - lr_t.dim()))
+    return var - lr_t * mhat / (vhat.sqrt() + ADAM_EPS)
 
 
 def adam_loop(
@@ -70,21 +70,34 @@ def adam_loop(
     """Element-wise Adam with a learning rate and schedule per setting.
 
     ``draw()`` gives each step's ball offsets (fresh Monte-Carlo samples).
+    With ``config.watched`` (the plateau schedule, early stopping or the best
+    iterate) every attack has its own lr, stop flag and best iterate
+    (:class:`~leakagelib.attacks.control.Watch`): a stopped attack's iterate
+    no longer changes (its moments may, unread), and the loop ends early once
+    all have stopped.
     """
     lrs = torch.tensor([s.lr for s in settings], device=x.device)
     decays = torch.tensor([s.decay for s in settings], device=x.device)
     moments = [(torch.zeros_like(t), torch.zeros_like(t)) for t in (x, z)]
+    watch = Watch(config, lrs.reshape(-1, 1, 1).expand(x.shape[:3])) if config.watched else None
     history: list[float] = []
     for t in steps:
         gx, gz, value = evaluate(x, z, draw())
         history.append(float(value.detach().mean()))
-        lr_t = lrs * _lr_factor(config, t, decays)
-        x = clamp(_adam_step(x, gx, *moments[0], t, lr_t, config.signed))
-        if gz is not None:
-            z = _adam_step(z, gz, *moments[1], t, lr_t, config.signed)
+        factor = _lr_factor(config, t, decays)  # per setting; ones for the plateau schedule
+        lr_t = lrs * factor if watch is None else watch.lr * factor.reshape(-1, 1, 1)
+        if watch is not None:
+            watch.record(value.detach(), x, z)
+        x_new = clamp(_adam_step(x, gx, *moments[0], t, lr_t, config.signed))
+        z_new = z if gz is None else _adam_step(z, gz, *moments[1], t, lr_t, config.signed)
+        if watch is not None:
+            x_new, z_new = watch.settle(value.detach(), (x, x_new), (z, z_new))
+        x, z = x_new, z_new
         if callback is not None:
             callback(t, x.detach())
-    return x, z, history
+        if watch is not None and watch.finished():
+            break
+    return (x, z, history) if watch is None else (*watch.result(x, z), history)
 
 
 def lbfgs_loop(

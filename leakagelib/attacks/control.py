@@ -1,0 +1,126 @@
+"""Per-attack control of the loop: a plateau schedule, early stopping and the best iterate.
+
+The CVB authors' attack loop (dAI-SY-Group/ConvolutionalVariationalBottleneck,
+``src/attacks.py``, ``IterativeGradientInversionAttack.attack_batch``) watches
+the reconstruction loss ``f(x_t)`` of every step and
+
+* lowers the learning rate by a factor when ``f`` has not improved for
+  ``patience`` steps (``torch.optim.lr_scheduler.ReduceLROnPlateau`` with
+  torch's defaults: mode ``min``, relative threshold 10⁻⁴, no cooldown,
+  a change below 10⁻⁸ skipped; ``src/utils.py``, ``set_scheduler``);
+* stops when ``f`` has not strictly improved for ``patience`` steps
+  (``src/utils.py``, ``EarlyStopping`` with ``delta: 0``) or when the lowest
+  ``f`` so far is below a threshold (10⁻⁵ in ``attack_batch``);
+* returns the iterate of the lowest ``f``.
+
+Our loop runs many independent attacks as one tensor program, so
+:class:`Watch` keeps all of that *per attack*: each attack (a setting, an
+update and a restart: a cell of ``H × N × R``) has its own learning rate,
+counters, stop flag and best iterate, and a stopped attack no longer
+changes. Each attack therefore follows exactly the path it would follow if
+run alone. One deliberate difference: the authors store the iterate *after*
+the step whose loss improved (``x_{t+1}``, the loss being ``f(x_t)``); we keep
+``x_t`` itself, the iterate whose objective was recorded.
+
+Used by :func:`leakagelib.attacks.optimizers.adam_loop` and
+:func:`leakagelib.attacks.lbfgs.lbfgs_per_attack` when an
+:class:`~leakagelib.attacks.config.AttackConfig` asks for any of it (first in
+the chapter "Variational bottlenecks").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import AttackConfig
+
+__all__ = ["PLATEAU_MIN_CHANGE", "Watch"]
+
+#: ReduceLROnPlateau's ``eps``: a reduction that changes lr by less than this is skipped (torch's default).
+PLATEAU_MIN_CHANGE = 1e-8
+
+
+def _broadcast(per_attack: Tensor, like: Tensor) -> Tensor:
+    """``per_attack`` (``H × N × R``) with trailing singleton dims to broadcast against ``like``."""
+    return per_attack.reshape(per_attack.shape + (1,) * (like.dim() - per_attack.dim()))
+
+
+class Watch:
+    """The per-attack state of one run: learning rates, counters, stop flags, best iterates.
+
+    ``lr`` holds each attack's initial learning rate (``H × N × R``). Per
+    step, the optimiser calls :meth:`record` with ``f(x_t)`` and the iterates
+    ``x_t`` (before the step), then :meth:`settle` after the step to keep
+    stopped attacks where they were and to update the schedule and the stop
+    flags from ``f(x_t)``.
+    """
+
+    def __init__(self, config: AttackConfig, lr: Tensor) -> None:
+        self.config = config
+        self.lr = lr.clone()
+        inf = torch.full_like(lr, float("inf"))
+        self.best = inf.clone()  # lowest f(x_t) so far (best iterate, early stopping)
+        self.plateau_best = inf  # the plateau schedule's reference value
+        self.bad_steps = torch.zeros_like(lr, dtype=torch.long)  # since the plateau reference
+        self.stale_steps = torch.zeros_like(lr, dtype=torch.long)  # since the last improvement
+        self.active = torch.ones_like(lr, dtype=torch.bool)
+        self.best_x: Tensor | None = None
+        self.best_z: Tensor | None = None
+
+    def lr_of(self, like: Tensor) -> Tensor:
+        """Each attack's current learning rate, shaped to scale a tensor ``like`` the iterates."""
+        return _broadcast(self.lr, like)
+
+    def record(self, value: Tensor, x: Tensor, z: Tensor) -> None:
+        """Note ``f(x_t)`` of every attack; an active attack that improves keeps ``x_t`` as its best."""
+        improved = self.active & (value < self.best)
+        self.best = torch.where(improved, value, self.best)
+        if self.config.keep_best:
+            if self.best_x is None:
+                self.best_x, self.best_z = x.clone(), z.clone()
+            self.best_x = torch.where(_broadcast(improved, x), x, self.best_x)
+            self.best_z = torch.where(_broadcast(improved, z), z, self.best_z)
+        self.stale_steps = torch.where(improved, 0, self.stale_steps + self.active.long())
+
+    def settle(
+        self, value: Tensor, x: tuple[Tensor, Tensor], z: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The iterates after a step, ``(before, after)`` pairs of inputs ``x`` and labels ``z``.
+
+        Stopped attacks keep their ``before``; then the schedule and the stop
+        flags see ``f(x_t)`` = ``value``.
+
+        The plateau rule (ReduceLROnPlateau, mode ``min``, relative threshold):
+        ``f(x_t) < best·(1 − threshold)`` resets the count of bad steps, and
+        more than ``plateau_patience`` bad steps multiply lr by the factor
+        (``decay``) and reset the count.
+        """
+        kept = tuple(torch.where(_broadcast(self.active, a), a, b) for b, a in (x, z))
+        config = self.config
+        if config.schedule == "plateau":
+            better = value < self.plateau_best * (1 - config.plateau_threshold)
+            self.plateau_best = torch.where(better & self.active, value, self.plateau_best)
+            self.bad_steps = torch.where(better, 0, self.bad_steps + 1)
+            reduce = self.active & (self.bad_steps > config.plateau_patience)
+            lowered = self.lr * config.decay
+            change = reduce & (self.lr - lowered > PLATEAU_MIN_CHANGE)
+            self.lr = torch.where(change, lowered, self.lr)
+            self.bad_steps = torch.where(reduce, 0, self.bad_steps)
+        stop = torch.zeros_like(self.active)
+        if config.stop_patience is not None:
+            stop |= self.stale_steps >= config.stop_patience
+        if config.stop_below is not None:
+            stop |= self.best < config.stop_below
+        self.active = self.active & ~stop
+        return kept[0], kept[1]
+
+    def finished(self) -> bool:
+        """Whether every attack has stopped."""
+        return not bool(self.active.any())
+
+    def result(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """The iterates to return: the best ones with ``keep_best``, else the last ones."""
+        if self.config.keep_best and self.best_x is not None:
+            return self.best_x, self.best_z  # type: ignore[return-value]
+        return x, z

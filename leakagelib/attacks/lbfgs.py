@@ -1,0 +1,184 @@
+"""L-BFGS per attack, all attacks of a batch in one program: the CVB authors' iDLG and CPL loop.
+
+:func:`leakagelib.attacks.optimizers.lbfgs_loop` hands the *summed*
+objective of a batch to one ``torch.optim.LBFGS``; its curvature pairs and
+inner products then mix the attacks, and one learning rate serves all of
+them. The CVB authors run each image's attack alone with its own L-BFGS,
+``ReduceLROnPlateau`` and early stopping (``src/attacks.py``,
+``configs/attacks/iDLG.yaml`` and ``CPL.yaml``). :func:`lbfgs_per_attack`
+does that for a whole batch at once: the algorithm of ``torch.optim.LBFGS``
+without line search (two-loop recursion over the last ``lbfgs_history``
+curvature pairs, first step ``min(1, 1/‖g‖₁)·lr``, torch's tolerances 10⁻⁷ on
+the gradient and 10⁻⁹ on changes, at most ``lbfgs_iterations`` iterations and
+``⌊5/4·lbfgs_iterations⌋`` evaluations per step), with every scalar — step
+length, history, curvature scale, stop tests — kept per attack. An attack
+that stops early in a step waits, unchanged, while the others finish it; the
+objective is evaluated for all attacks at once. Each attack follows the
+path torch's L-BFGS would follow on it alone.
+
+Used when an L-BFGS :class:`~leakagelib.attacks.config.AttackConfig` is
+``watched`` (plateau schedule, early stopping, best iterate); the chapter
+"Variational bottlenecks" runs iDLG and CPL with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from .config import AttackConfig
+from .control import Watch
+
+__all__ = ["TOLERANCE_CHANGE", "TOLERANCE_GRAD", "lbfgs_per_attack"]
+
+#: torch.optim.LBFGS's defaults: a gradient this small ends a step; so do changes this small.
+TOLERANCE_GRAD, TOLERANCE_CHANGE = 1e-7, 1e-9
+#: torch.optim.LBFGS keeps a curvature pair only when ``y·s`` exceeds this.
+CURVATURE_MIN = 1e-10
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    return (a * b).sum(1)
+
+
+class _History:
+    """Each attack's last ``m`` curvature pairs (oldest first), its step and its last gradient."""
+
+    def __init__(self, attacks: int, dim: int, m: int, like: Tensor) -> None:
+        self.s = like.new_zeros((attacks, m, dim))
+        self.y = like.new_zeros((attacks, m, dim))
+        self.rho = like.new_zeros((attacks, m))
+        self.count = torch.zeros(attacks, dtype=torch.long, device=like.device)
+        self.h_diag = like.new_ones(attacks)
+        self.d = like.new_zeros((attacks, dim))
+        self.t = like.new_zeros(attacks)
+        self.prev_g = like.new_zeros((attacks, dim))
+        self.prev_loss = like.new_zeros(attacks)
+        self.n_iter = torch.zeros(attacks, dtype=torch.long, device=like.device)
+
+    def push(self, g: Tensor, keep: Tensor) -> None:
+        """Store the pair of the last move for attacks in ``keep`` whose curvature is positive."""
+        y, s = g - self.prev_g, self.d * self.t[:, None]
+        ys = _dot(y, s)
+        keep = keep & (ys > CURVATURE_MIN)
+        m = self.s.shape[1]
+        full = (keep & (self.count == m))[:, None, None]
+        self.s, self.y = (torch.where(full, b.roll(-1, 1), b) for b in (self.s, self.y))
+        self.rho = torch.where(full[:, :, 0], self.rho.roll(-1, 1), self.rho)
+        slot = torch.nn.functional.one_hot(self.count.clamp(max=m - 1), m).bool() & keep[:, None]
+        self.s = torch.where(slot[..., None], s[:, None], self.s)
+        self.y = torch.where(slot[..., None], y[:, None], self.y)
+        self.rho = torch.where(slot, 1.0 / ys[:, None], self.rho)
+        self.count = torch.where(keep, (self.count + 1).clamp(max=m), self.count)
+        self.h_diag = torch.where(keep, ys / _dot(y, y), self.h_diag)
+
+    def direction(self, g: Tensor) -> Tensor:
+        """``−H g`` by the two-loop recursion (empty slots have ρ = 0 and do nothing)."""
+        q, alpha = -g, []
+        for i in reversed(range(self.s.shape[1])):
+            alpha.append(self.rho[:, i] * _dot(self.s[:, i], q))
+            q = q - alpha[-1][:, None] * self.y[:, i]
+        r = q * self.h_diag[:, None]
+        for i, a in zip(range(self.s.shape[1]), reversed(alpha), strict=True):
+            beta = self.rho[:, i] * _dot(self.y[:, i], r)
+            r = r + self.s[:, i] * (a - beta)[:, None]
+        return r
+
+
+def _step(
+    state: _History,
+    v: Tensor,
+    loss: Tensor,
+    g: Tensor,
+    lr: Tensor,
+    running: Tensor,
+    closure: Callable[[Tensor], tuple[Tensor, Tensor]],
+    config: AttackConfig,
+) -> Tensor:
+    """One ``LBFGS.step`` of every attack in ``running`` from ``v`` (loss and gradient given)."""
+    max_iter = config.lbfgs_iterations
+    running = running & (g.abs().amax(1) > TOLERANCE_GRAD)
+    for it in range(max_iter):
+        if not bool(running.any()):
+            break
+        state.n_iter = state.n_iter + running.long()
+        first = (state.n_iter == 1)[:, None]
+        state.push(g, running & ~first[:, 0])
+        d = torch.where(first, -g, state.direction(g))
+        t = torch.where(first[:, 0], (1.0 / g.abs().sum(1)).clamp(max=1.0) * lr, lr)
+        state.d = torch.where(running[:, None], d, state.d)
+        state.t = torch.where(running, t, state.t)
+        state.prev_g = torch.where(running[:, None], g, state.prev_g)
+        state.prev_loss = torch.where(running, loss, state.prev_loss)
+        running = running & (_dot(g, state.d) <= -TOLERANCE_CHANGE)
+        v = v + torch.where(running, state.t, 0.0)[:, None] * state.d
+        if it == max_iter - 1 or it + 2 >= max_iter * 5 // 4:  # iterations, evaluations
+            break
+        new_loss, new_g = closure(v)
+        loss = torch.where(running, new_loss, loss)
+        g = torch.where(running[:, None], new_g, g)
+        running = running & (g.abs().amax(1) > TOLERANCE_GRAD)
+        running = running & ((state.d * state.t[:, None]).abs().amax(1) > TOLERANCE_CHANGE)
+        running = running & ((loss - state.prev_loss).abs() >= TOLERANCE_CHANGE)
+    return v
+
+
+def lbfgs_per_attack(
+    config: AttackConfig,
+    evaluate: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None, Tensor]],
+    x: Tensor,
+    z: Tensor,
+    lrs: Tensor,
+    draw: Callable[[], Tensor],
+    clamp: Callable[[Tensor], Tensor],
+    steps: Iterable[int],
+    callback: Callable[[int, Tensor], None] | None,
+) -> tuple[Tensor, Tensor, list[float]]:
+    """L-BFGS on every attack of ``x`` (``H × N × R × ...``) alone, with :class:`Watch`'s control.
+
+    ``lrs`` holds one learning rate per setting. As in the authors' loop, the
+    objective recorded for step t is the one at its start, ``f(x_t)``; the box
+    (``clamp``) acts after each step. Returns the iterates (the best ones with
+    ``keep_best``), the labels and the mean objective per step.
+    """
+    lead, n_x = x.shape[:3], x[0, 0, 0].numel()
+    watch = Watch(config, lrs.reshape(-1, 1, 1).expand(lead).clone())
+    d0 = draw()
+
+    def split(v: Tensor) -> tuple[Tensor, Tensor]:
+        xv = v[:, :n_x].reshape(x.shape)
+        return xv, (v[:, n_x:].reshape(z.shape) if config.optimize_labels else z)
+
+    def closure(v: Tensor) -> tuple[Tensor, Tensor]:
+        gx, gz, value = evaluate(*split(v), d0)
+        parts = [gx.reshape(v.shape[0], -1)]
+        if config.optimize_labels and gz is not None:
+            parts.append(gz.reshape(v.shape[0], -1))
+        return value.reshape(-1), torch.cat(parts, 1)
+
+    def join(xv: Tensor, zv: Tensor) -> Tensor:
+        parts = [xv.reshape(lead.numel(), -1)]
+        if config.optimize_labels:
+            parts.append(zv.reshape(lead.numel(), -1))
+        return torch.cat(parts, 1)
+
+    v = join(x, z)
+    state = _History(v.shape[0], v.shape[1], config.lbfgs_history, v)
+    history: list[float] = []
+    for t in steps:
+        loss, g = closure(v)
+        value = loss.reshape(lead)
+        history.append(float(value.mean()))
+        watch.record(value, *split(v))
+        before = split(v)
+        xv, zv = split(_step(state, v, loss, g, watch.lr.reshape(-1), watch.active.reshape(-1),
+                             closure, config))  # fmt: skip
+        xv, zv = watch.settle(value, (before[0], clamp(xv)), (before[1], zv))
+        v = join(xv, zv)
+        if callback is not None:
+            callback(t, xv.detach().clone())
+        if watch.finished():
+            break
+    return (*watch.result(*split(v)), history)
