@@ -140,11 +140,9 @@ def _channel_sums(t: Tensor, module: nn.Module, attacks: int) -> Tensor:
     return t.reshape(attacks, -1, t.shape[1], math.prod(t.shape[2:])).sum((1, 3))
 
 
-#: A convolution's per-attack weight gradients come from one native grouped kernel (the
-#: attacks as groups, ``groups = attacks``), except for inputs of at most
-#: ``UNFOLD_MAX_FAN_IN`` values per output (C·k·k) or at most ``UNFOLD_MAX_POSITIONS`` output
-#: positions per attack (rows × height × width), where one batched product of unfolded inputs
-#: is faster. Measured on the CPU, one thread (2026-11-23; forward of the weight gradients and
+#: A convolution's per-attack weight gradients come from one native grouped kernel (attacks as
+#: groups), except for at most ``UNFOLD_MAX_FAN_IN`` inputs per output (C·k·k) or at most
+#: ``UNFOLD_MAX_POSITIONS`` output positions per attack, where unfolded products are faster. Measured on the CPU, one thread (2026-11-23; forward of the weight gradients and
 #: their double backward, milliseconds, grouped / unfolded / the native kernel once per
 #: attack): 8 attacks of ConvNet-16's 16→32 at 32×32: 2.9 / 7.7 / 6.5; ConvNet-64's 256→256 at
 #: 32×32: 240 / 383 / 278, at 16×16: 96 / 111 / 90, at 8×8: 67 / 48 / 59; 64 attacks of
@@ -301,11 +299,10 @@ class Simulated:
 
         ``weighted`` pairs each parameter with its weight in each of the ``H``
         settings. The dense parameters are concatenated into one vector per
-        attack first: one product, one square and one sum over it instead of
-        one of each per parameter tensor, which also shortens the graph the
-        second backward walks (a single Inverting Gradients attack on ConvNet
-        and on the CVB CNN ran 5–8 % faster on the CPU, on par with breaching's;
-        ``benchmarks/peers.py``). Factored dense layers add their float64 sums.
+        attack: one product, square and sum instead of one per tensor, and a
+        shorter graph for the second backward (a single Inverting Gradients
+        attack ran 5–8 % faster on the CPU, on par with breaching's;
+        ``benchmarks/peers.py``). Factored layers add their float64 sums.
         """
         dense = [(k, w) for k, w in weighted if k in self.dense]
         dot = sum(
