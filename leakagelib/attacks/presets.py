@@ -168,7 +168,7 @@ def cpl(
 def inverting_gradients(
     *,
     steps: int = 4000,
-    tv: float = 4e-4,
+    tv: float = 1e-4,
     lr: float = 0.1,
     signed: bool = True,
     box: bool = True,
@@ -183,10 +183,15 @@ def inverting_gradients(
 
     Box-constrained iterates, signed gradients and a step schedule that divides
     the learning rate by 10 at 3/8, 5/8 and 7/8 of the run, as in their code.
-    Defaults are the values the Bayes paper used with that code (§6): lr 0.1,
-    TV weight 4·10⁻⁴ and 4000 iterations (its Soteria experiment).
-    ``weighting="exponential"`` is their layer weighting. Pass ``bounds``
-    (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
+    The prior is their TV in their convention,
+    ``TotalVariation(power=1, reduction="mean")`` (inversefed/metrics.py: each
+    direction's absolute differences averaged, the two means added), so ``tv``
+    is a weight as their code and every paper built on it write it. Default
+    ``tv`` 10⁻⁴: inversefed's ``--tv`` default (``inversefed/options.py``),
+    which the README's CIFAR-10 command (``reconstruct_image.py``) runs with;
+    lr 0.1 is theirs too; 4000 iterations are those the Bayes paper ran with
+    that code (§6). ``weighting="exponential"`` is their layer weighting. Pass
+    ``bounds`` (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
     """
     config = AttackConfig(
         steps=steps,
@@ -201,7 +206,8 @@ def inverting_gradients(
         box=box,
     )
     lik = restrict(Cosine(layers=LayerSelection(weighting=weighting)), include)
-    return Attack("inverting-gradients", "Inverting Gradients", lik, TotalVariation(1), config)
+    prior = TotalVariation(power=1, reduction="mean")
+    return Attack("inverting-gradients", "Inverting Gradients", lik, prior, config)
 
 
 def grad_inversion(
@@ -227,9 +233,11 @@ def grad_inversion(
     10⁻⁶, DeepInversion (BatchNorm) 0.1, labels given (recover them with
     :func:`leakagelib.gradients.recover_labels_batch`). Not modelled: the
     cosine learning-rate decay (the lr stays constant), the Langevin noise and
-    the group-consistency term of several seeds. Our TV sums over pixels, so
-    its weight is not interchangeable with that code's. ``bn > 0`` needs a
-    model with BatchNorm layers (pass ``bn=0`` otherwise); pass ``bounds``.
+    the group-consistency term of several seeds. ``tv`` is breaching's scale
+    in inversefed's per-direction mean convention (see
+    :func:`~leakagelib.attacks.network_priors.gradinversion` for the small
+    difference at the border). ``bn > 0`` needs a model with BatchNorm layers
+    (pass ``bn=0`` otherwise); pass ``bounds``.
     """
     config = AttackConfig(
         steps=steps,
@@ -269,7 +277,9 @@ def bayes(
     code (eth-sri/bayes-framework-leakage, scripts/run_mnist_tune.sh and
     attacks/grad_attack.py): N(0, 1) initialisation in normalised space, Adam
     with lr 0.5 and exponential decay 0.94 per step, 200 steps, their
-    squared-difference TV prior. ``beta`` is the prior weight the paper tunes
+    squared-difference TV prior in their convention,
+    ``TotalVariation(power=2, reduction="sum")`` (utils/measures.py: summed
+    over each image, averaged over images). ``beta`` is the prior weight the paper tunes
     per attack (A.3; see :mod:`leakagelib.attacks.search`); ``mc_samples`` and
     ``delta`` are Algorithm 1's k and δ; ``include`` restricts the likelihood
     to some layers.
@@ -288,7 +298,8 @@ def bayes(
         delta=delta,
     )
     lik = restrict(likelihood, include)
-    return Attack("bayes", "Bayes", lik, prior or TotalVariation(power=2), config)
+    prior = prior or TotalVariation(power=2, reduction="sum")
+    return Attack("bayes", "Bayes", lik, prior, config)
 
 
 def _baseline(name: str, title: str, likelihood: Likelihood, overrides: dict[str, Any]) -> Attack:

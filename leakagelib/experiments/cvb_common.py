@@ -5,8 +5,10 @@ CVB paper (Scheliga, Mäder, Seeland) §V, with values from the authors' code
 *untrained* network (``ckpt: 0`` in ``configs/attacks/*.yaml``); each victim
 image is its own client (:func:`~leakagelib.experiments.case.build_case`),
 attacked with its label known. Inverting Gradients (IG): cosine distance, TV
-weight 0.01 (0.1 for the CVB CNN, ``configs/models/CNNCVB.yaml``), signed Adam
-with lr 1, N(0, 1) initialisation, iterates clipped to the image box; iDLG
+with the authors' weight for the architecture (:data:`ATTACK`'s ``ig_tv``:
+0.1 for the CNN and the ResNet-18, 10⁻⁴ for the ViT, in their TV's
+convention), signed Adam with lr 1, N(0, 1) initialisation, iterates clipped
+to the image box; iDLG
 and CPL: the ℓ2 distance and L-BFGS (CPL from its patterned initialisation).
 Against PRECODE and CVB the "ignore" attack reads only the gradients before
 the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
@@ -66,6 +68,7 @@ __all__ = [
     "ATTACKS",
     "CVB_DEFAULT",
     "CVB_NET",
+    "IG_TV",
     "PRECODE_TABLE2",
     "SHAPE",
     "TRAINING",
@@ -95,14 +98,25 @@ CVB_DEFAULT = {"kind": "cvb", "position": 1, "kernel_size": 5, "beta": 0.1}
 #: Table II's PRECODE: K = C/2 and no biases (which reproduces the table's parameter counts).
 PRECODE_TABLE2 = {"kind": "precode", "K": "adaptive", "bias": False}
 
+#: The CVB authors' IG TV weight per architecture (``attack.regularization`` in
+#: ``configs/models/{CNN,CNNCVB,ResNet18,ResNet18CVB,ViT,ViTCVB}.yaml``, which override
+#: ``configs/attacks/IG.yaml``'s 0.01), for their ``TV`` (``src/loss.py``: inversefed's
+#: mean absolute difference per direction), i.e. ``TotalVariation(power=1, reduction="mean")``,
+#: the Inverting Gradients preset's prior. The same with and without a bottleneck.
+IG_TV = {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
+
 #: The attack protocol: victims per dataset and the attacks' loop budgets.
 ATTACK = ScaleConfig(
-    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "lbfgs_steps": 2, "lbfgs_lr": 0.1},
-    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "lbfgs_steps": 2_000, "lbfgs_lr": 0.01},
+    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "ig_tv": IG_TV, "lbfgs_steps": 2,
+        "lbfgs_lr": 0.1},
+    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "ig_tv": IG_TV,
+           "lbfgs_steps": 2_000, "lbfgs_lr": 0.01},
     sources={
         "victims": "§V-B: the victim set of 128 images per dataset",
         "ig_steps": "§V-B: the attack's maximum number of iterations (early stopping not modelled)",
         "ig_lr": "configs/attacks/IG.yaml: lr 1 (at ci also the stronger of 1 and 0.1)",
+        "ig_tv": "configs/models/*.yaml: attack.regularization per architecture (§V-B's value "
+        "is lost in our copy), inversefed's mean convention; ci: the same",
         "lbfgs_steps": "ours: the paper gives no L-BFGS budget for iDLG and CPL",
         "lbfgs_lr": "ours: the paper gives no L-BFGS step size for iDLG and CPL",
     },
@@ -190,7 +204,7 @@ def cvb_attack(
     name: str,
     settings: Settings,
     *,
-    tv: float,
+    architecture: str = "cnn",
     include: Sequence[str] | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -198,14 +212,20 @@ def cvb_attack(
     """The preset ``name`` (:data:`ATTACKS`) with the CVB authors' overrides at ``settings``' scale.
 
     ``settings`` holds :data:`ATTACK`'s values (``ctx.config``). Labels are
-    known. IG: ``ig_steps`` signed-Adam steps at ``ig_lr``, TV weight ``tv``.
-    iDLG (box-constrained) and CPL: ``lbfgs_steps`` L-BFGS steps at
-    ``lbfgs_lr``, the ℓ2 distance as a Gaussian likelihood with σ = 1 (this
-    module's scale of it, ½‖g − s‖²); ``tv`` is not used. ``include``
+    known. IG: ``ig_steps`` signed-Adam steps at ``ig_lr``, TV weight
+    ``ig_tv[architecture]`` (``"cnn"``, ``"resnet18"`` or ``"vit"``) in the
+    authors' convention. iDLG (box-constrained) and CPL: ``lbfgs_steps``
+    L-BFGS steps at ``lbfgs_lr``, the ℓ2 distance as a Gaussian likelihood
+    with σ = 1 (this module's scale of it, ½‖g − s‖²). ``include``
     restricts the likelihood (the ignore attack, :func:`attack_layers`);
     ``steps`` and ``lr`` replace the scale's values (the chapter's short attacks).
     """
+    if architecture not in settings.ig_tv:
+        raise ValueError(
+            f"unknown architecture {architecture!r}; use one of {list(settings.ig_tv)}"
+        )
     if name == "inverting-gradients":
+        tv = settings.ig_tv[architecture]
         options: dict[str, Any] = {"steps": settings.ig_steps, "lr": settings.ig_lr, "tv": tv}
     elif name in ("idlg", "cpl"):
         options = {"steps": settings.lbfgs_steps, "lr": settings.lbfgs_lr, "sigma": 1.0,
