@@ -43,15 +43,14 @@ Equal work, checked rather than assumed:
 Conventions that differ, and how they are matched:
 
 * **TV weight.** breaching's TV is ``scale · mean(|Δ_w x| + |Δ_h x|)`` over
-  ``n·C·H·W`` positions (a zero-padded difference convolution); ours is
-  ``β · Σ (|Δ_w x| + |Δ_h x|)`` over the interior differences of each image
-  (mean over its ``n`` images). For one image per attack the weights agree when
-  ``β = scale / (C·H·W)`` — a factor 3,072 on 3×32×32, printed with the run.
-  inversefed (the Inverting Gradients authors' first code) averages each
-  direction over its own ``C·(H−1)·W`` differences, so there the factor is
-  ``C·(H−1)·W`` = 2,976. breaching's padded convolution also counts the last
-  row and column against zero (``|x|`` at the border, ``2·C·H`` more terms);
-  ours does not. That changes the prior slightly, not the work per step.
+  ``n·C·H·W`` positions (a zero-padded difference convolution); ours, in the
+  Inverting Gradients preset, is inversefed's ``β · (mean |Δ_h x| + mean |Δ_w x|)``,
+  each direction averaged over its own ``C·(H−1)·W`` interior differences
+  (:class:`~leakagelib.attacks.TotalVariation` with ``reduction="mean"``). On
+  square images the weights agree when ``β = scale · (H−1)/H`` — 0.969 on
+  3×32×32, printed with the run. breaching's padded convolution also counts
+  the last row and column against zero (``|x|`` at the border, ``2·C·H`` more
+  terms); ours does not. That changes the prior slightly, not the work per step.
 * **Step decay.** breaching's milestones are ``it // 2.667, it // 1.6, it // 1.142``,
   ours ``int(it·3/8), int(it·5/8), int(it·7/8)``: they can differ by one step;
   both sets are printed.
@@ -291,8 +290,8 @@ class IGSettings:
 
     @property
     def tv_ours(self) -> float:
-        """Our TV weight β for breaching's ``scale`` (one image per attack)."""
-        return self.tv / (SHAPE[0] * SHAPE[1] * SHAPE[2])
+        """Our TV weight β (inversefed's per-direction means) for breaching's ``scale``."""
+        return self.tv * (SHAPE[1] - 1) / SHAPE[1]
 
     def milestones(self) -> dict[str, list[int]]:
         """The steps where each side divides the learning rate by 10."""
@@ -721,9 +720,8 @@ def main() -> None:
             print(f"images: {source}")
             print(f"Inverting Gradients: {args.iterations} iterations, lr {args.lr}, signed Adam, "
                   f"box, step decay at {s.milestones()}; TV scale {args.tv} (breaching, mean over "
-                  f"C·H·W) = β {s.tv_ours:.4g} (ours, sum) — factor C·H·W = "
-                  f"{SHAPE[0] * SHAPE[1] * SHAPE[2]} (inversefed's mean: C·(H−1)·W = "
-                  f"{SHAPE[0] * (SHAPE[1] - 1) * SHAPE[2]})")  # fmt: skip
+                  f"C·H·W) = β {s.tv_ours:.4g} (ours, inversefed's mean per direction over "
+                  f"C·(H−1)·W) — factor (H−1)/H = {(SHAPE[1] - 1) / SHAPE[1]:.4g}")  # fmt: skip
             for name in args.models:
                 model_rows, notes[name] = run_ig_model(name, ds, source, s, breaching, args.seed)
                 rows += model_rows

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -143,6 +144,68 @@ def test_priors_values():
     assert torch.allclose(combo.log_prob(y), expect)
     with pytest.raises(ValueError, match="n×C×H×W"):
         TotalVariation().log_prob(torch.zeros(3, 4))
+
+
+def _tv_by_hand(x: np.ndarray, power: int, mean: bool) -> float:
+    """Anisotropic TV from numpy's differences, per image then averaged; ``mean`` per direction."""
+    per_image = []
+    for image in x:
+        total = 0.0
+        for axis in (1, 2):  # H, then W of a C×H×W image
+            d = np.abs(np.diff(image, axis=axis)) ** power
+            total += d.mean() if mean else d.sum()
+        per_image.append(total)
+    return float(np.mean(per_image))
+
+
+@pytest.mark.parametrize("power", [1, 2])
+def test_tv_mean_reduction_is_the_sum_over_each_directions_count(power: int) -> None:
+    """inversefed's convention: each direction's sum divided by its C·(H−1)·W or C·H·(W−1) pairs."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, 7, generator=gen, dtype=torch.float64)
+    summed = -float(TotalVariation(power, reduction="sum").log_prob(x))
+    mean = -float(TotalVariation(power, reduction="mean").log_prob(x))
+    assert math.isclose(summed, _tv_by_hand(x.numpy(), power, mean=False), rel_tol=1e-12)
+    assert math.isclose(mean, _tv_by_hand(x.numpy(), power, mean=True), rel_tol=1e-12)
+    dh = (x[:, :, 1:] - x[:, :, :-1]).abs().pow(power).sum((1, 2, 3))
+    dw = (x[..., 1:] - x[..., :-1]).abs().pow(power).sum((1, 2, 3))
+    assert math.isclose(mean, float((dh / (2 * 4 * 7) + dw / (2 * 5 * 6)).mean()), rel_tol=1e-12)
+    # on a square image the two conventions differ by the factor C·(H−1)·W (2,976 on 3×32×32)
+    sq = torch.randn(2, 3, 32, 32, generator=gen, dtype=torch.float64)
+    ratio = TotalVariation(power, "sum").log_prob(sq) / TotalVariation(power, "mean").log_prob(sq)
+    assert math.isclose(float(ratio), 3 * 31 * 32, rel_tol=1e-12)
+
+
+def test_tv_of_the_bayes_code_on_a_hand_computed_image() -> None:
+    """Squared differences summed per image, averaged over images (the Bayes authors' TV)."""
+    x = torch.tensor([[[[1.0, 2.0], [4.0, 8.0]]], [[[0.0, 0.0], [0.0, 0.0]]]])
+    # vertical pairs (4 − 1)² + (8 − 2)² = 45, horizontal (2 − 1)² + (8 − 4)² = 17
+    assert float(TotalVariation(2, reduction="sum").log_prob(x[:1])) == -62.0
+    assert float(TotalVariation(2, reduction="sum").log_prob(x)) == -31.0  # mean over images
+    assert float(TotalVariation(2, reduction="mean").log_prob(x[:1])) == -(45 / 2 + 17 / 2)
+    assert float(TotalVariation(1, reduction="mean").log_prob(x[:1])) == -(9 / 2 + 5 / 2)
+
+
+@pytest.mark.parametrize("reduction", ["avg", "Mean", None])
+def test_tv_rejects_an_unknown_reduction(reduction: object) -> None:
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        TotalVariation(1, reduction=reduction)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="power must be 1 or 2"):
+        TotalVariation(3, reduction="mean")
+
+
+def test_each_preset_uses_its_sources_tv_convention() -> None:
+    """IG: inversefed's mean per direction (weight 1e-4, its --tv default); Bayes: the authors' sum."""
+    ig = presets.inverting_gradients()
+    assert ig.prior == TotalVariation(power=1, reduction="mean") and ig.config.beta == 1e-4
+    assert presets.bayes(Gaussian()).prior == TotalVariation(power=2, reduction="sum")
+    tv_term = presets.grad_inversion().prior.terms[0][1]
+    assert tv_term == TotalVariation(power=1, reduction="mean")
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    inversefed = (x[..., 1:] - x[..., :-1]).abs().mean() + (
+        x[..., 1:, :] - x[..., :-1, :]
+    ).abs().mean()
+    assert torch.allclose(-ig.prior.log_prob(x), inversefed)
 
 
 def bn_net(seed: int = 0) -> nn.Module:
@@ -603,6 +666,7 @@ def test_table1_presets_parts():
     assert presets.dlg().parts()["likelihood"]["likelihood"] == "gaussian"
     ig = presets.inverting_gradients().parts()
     assert ig["likelihood"]["likelihood"] == "cosine" and ig["prior"]["prior"] == "tv"
+    assert ig["prior"]["reduction"] == "mean"
     bayes = presets.bayes(Laplace(0.1))
     assert bayes.config.lr == 0.5 and bayes.config.decay == 0.94 and bayes.config.steps == 200
 
@@ -615,7 +679,8 @@ def test_presets_build_what_the_experiments_built_before_the_registry():
         steps=100, optimizer="adam", lr=1.0, schedule="step", decay=0.1, signed=True, box=True,
         init="normal", beta=0.01,
     )  # fmt: skip
-    assert ig.likelihood == Cosine(layers=layers) and ig.prior == TotalVariation()
+    assert ig.likelihood == Cosine(layers=layers)
+    assert ig.prior == TotalVariation(power=1, reduction="mean")
     lbfgs = dict(steps=2, lr=0.1, sigma=1.0, labels="given", include=["1.weight"])
     old = AttackConfig(steps=2, optimizer="lbfgs", lr=0.1, schedule="constant", beta=0.0)
     # the old configs kept AttackConfig's decay 0.94, which the constant schedule never reads
@@ -628,14 +693,14 @@ def test_presets_build_what_the_experiments_built_before_the_registry():
     assert ats.config == AttackConfig(
         steps=50, optimizer="adam", lr=0.1, schedule="step", decay=0.1, beta=1e-5, box=True
     )
-    assert ats.likelihood == Cosine() and ats.prior == TotalVariation()
+    assert ats.likelihood == Cosine() and ats.prior == TotalVariation(power=1, reduction="mean")
     table2 = {a: presets.preset(a, steps=50) for a in ("l2", "l1", "cosine")}
     assert [t.likelihood for t in table2.values()] == [Gaussian(), Laplace(), Cosine()]
     for attack in table2.values():  # the Bayes loop; β is the search's to set
         assert replace(attack.config, beta=1.0) == AttackConfig(
             steps=50, lr=0.5, schedule="exponential", decay=0.94
         )
-        assert attack.prior == TotalVariation(power=2)
+        assert attack.prior == TotalVariation(power=2, reduction="sum")
 
 
 def test_preset_overrides_and_the_registry():

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from leakagelib import experiments, metrics
-from leakagelib.attacks import Cosine, Gaussian
+from leakagelib.attacks import Cosine, Gaussian, TotalVariation
 from leakagelib.data import Normalizer
 from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
@@ -60,6 +60,11 @@ def test_soteria_attacks_follow_the_scale() -> None:
         assert drop.likelihood.layers.mask(names) == [True, False, False, True]
         assert plain.likelihood.layers.mask(names) == [True] * 4
     assert FIG5.paper["attack_steps"] == 4000 and FIG5.paper["tv"] == 4e-4
+    # the authors' Soteria run squares TV's differences and averages each direction
+    # (defense_attacks/soteria/inversefed/metrics.py); the ci weight was tuned summed, in ℓ1
+    paper, ci = (soteria_attacks(FIG5.at(s), Soteria("fc1.linear")) for s in ("paper", "ci"))
+    assert paper["direct"].prior == TotalVariation(power=2, reduction="mean")
+    assert ci["layer-drop"].prior == TotalVariation(power=1, reduction="sum")
 
 
 def test_the_chapters_soteria_case_prunes_only_the_defended_layer() -> None:

@@ -262,9 +262,10 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     from leakagelib.experiments.cvb_common import ATTACK, cvb_attack
 
     ci, paper = ATTACK.at("ci"), ATTACK.at("paper")
-    ig = cvb_attack("inverting-gradients", paper, tv=0.1, include=["conv1.conv.weight"])
+    ig = cvb_attack("inverting-gradients", paper, include=["conv1.conv.weight"])
     assert ig.name == "inverting-gradients" and isinstance(ig.likelihood, Cosine)
-    assert isinstance(ig.prior, TotalVariation) and ig.labels == "given"
+    # the authors' TV (src/loss.py) averages each direction, as inversefed does
+    assert ig.prior == TotalVariation(power=1, reduction="mean") and ig.labels == "given"
     assert (ig.config.steps, ig.config.lr, ig.config.beta) == (20_000, 1.0, 0.1)
     assert ig.config.signed and ig.config.box and ig.config.init == "normal"
     # configs/attacks/IG.yaml: ReduceLROnPlateau ×0.1 after 400, stop after 4000, below 1e-5
@@ -272,7 +273,14 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
             ig.config.stop_patience, ig.config.stop_below, ig.config.keep_best)  # fmt: skip
     assert loop == ("plateau", 0.1, 400, 4000, 1e-5, True)
     assert ig.likelihood.layers.include == ["conv1.conv.weight"]
-    idlg = cvb_attack("idlg", ci, tv=0.1)
+    # configs/models/*.yaml: 0.1 for the CNN and ResNet-18, 1e-4 for the ViT, at both scales
+    for scale in (ci, paper):
+        betas = {a: cvb_attack("inverting-gradients", scale, architecture=a).config.beta
+                 for a in ("cnn", "resnet18", "vit")}  # fmt: skip
+        assert betas == {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
+    with pytest.raises(ValueError, match="unknown architecture 'mlp'"):
+        cvb_attack("inverting-gradients", ci, architecture="mlp")
+    idlg = cvb_attack("idlg", ci)
     assert isinstance(idlg.likelihood, Gaussian)
     assert idlg.likelihood.sigma == pytest.approx(2**-0.5)  # ‖g − s‖², the authors' GL2
     assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
@@ -282,12 +290,12 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
         40,
         400,
     )
-    cpl = cvb_attack("cpl", paper, tv=0.1, steps=7, lr=0.5)
+    cpl = cvb_attack("cpl", paper, steps=7, lr=0.5)
     assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "normal")
     assert not cpl.config.box and cpl.labels == "given" and cpl.config.keep_best
     assert cpl.config.beta == 0.01 and cpl.parts()["prior"] == {"prior": "logit-label-distance"}
     with pytest.raises(ValueError, match="unknown attack 'dlg'"):
-        cvb_attack("dlg", ci, tv=0.1)
+        cvb_attack("dlg", ci)
 
 
 def test_cvb_experiments_store_their_config_and_the_papers_rows() -> None:
@@ -342,7 +350,7 @@ def test_attack_ssim_is_fixed_by_its_seed_and_offset() -> None:
     model = cnn(CVB_DEFAULT, seed=0)
 
     def ssim(**seeding: int) -> torch.Tensor:
-        return attack_ssim(model, images, labels, norm, tv=0.1, steps=2, **seeding)[0]
+        return attack_ssim(model, images, labels, norm, steps=2, **seeding)[0]
 
     assert torch.equal(ssim(seed=3), ssim(seed=3))
     assert not torch.equal(ssim(seed=3), ssim(seed=4))

@@ -75,7 +75,7 @@ def test_peer_networks_compute_our_function(name: str, breaching: ModuleType) ->
 
 
 def test_tv_weight_conversion_matches_breaching(breaching: ModuleType) -> None:
-    """Away from the border (last row and column zero) the two TVs agree with β = scale/(C·H·W)."""
+    """Away from the border (last row and column zero) the two TVs agree with β = scale·(H−1)/H."""
     from breaching.attacks.auxiliaries.regularizers import TotalVariation as PeerTV
 
     x = torch.randn(1, *BENCH.SHAPE, generator=torch.Generator().manual_seed(0))
@@ -83,7 +83,7 @@ def test_tv_weight_conversion_matches_breaching(breaching: ModuleType) -> None:
     x[..., :, -1] = 0.0
     settings = BENCH.IGSettings(iterations=1, lr=0.1, tv=0.2)
     peer = PeerTV({"dtype": torch.float, "device": torch.device("cpu")}, scale=settings.tv)
-    ours = -settings.tv_ours * TotalVariation(1).log_prob(x)
+    ours = -settings.tv_ours * TotalVariation(1, reduction="mean").log_prob(x)
     torch.testing.assert_close(peer(x), ours, rtol=1e-5, atol=1e-6)
 
 

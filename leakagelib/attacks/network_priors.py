@@ -234,14 +234,21 @@ def gradinversion(
     the attack (JonasGeiping/breaching, ``config/attack/seethroughgradients.yaml``;
     the paper's code is not public), which the
     :func:`~leakagelib.attacks.presets.grad_inversion` preset uses with
-    ``bn = 0.1``; our TV sums over pixels, so the weights are a starting point
-    for the search (:mod:`leakagelib.attacks.search`) rather than a
-    reproduction. The ℓ2 term is a Gaussian prior with ``1/(2 std²) = 1``.
+    ``bn = 0.1``. The TV term is ``TotalVariation(power=1, reduction="mean")``,
+    the convention nearest breaching's ``TotalVariation`` (``regularizers.py``:
+    the mean over all ``C·H·W`` positions of ``|Δ_w x| + |Δ_h x|`` from a
+    zero-padded difference convolution): on an H×H image a breaching scale
+    ``s`` is our weight ``s·(H−1)/H`` away from the border, where breaching
+    also penalises ``|x|`` on the last row and column and we do not. The ℓ2
+    term is a Gaussian prior with ``1/(2 std²) = 1``, summed over an image's
+    pixels, where breaching's ``NormRegularization`` averages ``½x²`` over
+    them (a factor ``2·C·H·W``), so ``l2`` is a starting point for the search
+    (:mod:`leakagelib.attacks.search`) rather than a reproduction.
     """
     if tv < 0 or l2 < 0 or bn < 0:
         raise ValueError("prior weights must be non-negative")
     terms: tuple[tuple[float, Prior], ...] = (
-        (tv, TotalVariation(power=1)),
+        (tv, TotalVariation(power=1, reduction="mean")),
         (l2, GaussianPrior(std=2**-0.5)),
     )
     if bn > 0:

@@ -42,7 +42,6 @@ from .network_priors import LabelAlignment, LogitLabelDistance, gradinversion
 from .priors import Prior, TotalVariation, Uniform
 
 __all__ = [
-    "CVB_LOOP",
     "PRESETS",
     "bayes",
     "cosine",
@@ -60,20 +59,6 @@ __all__ = [
 _DLG_SIGMA = 1.0 / math.sqrt(2.0)
 
 
-#: The CVB authors' per-attack loop control (dAI-SY-Group/ConvolutionalVariationalBottleneck):
-#: ``ReduceLROnPlateau`` with factor 0.1 and, for IG, patience 400, early stopping after
-#: 4,000 steps without a lower loss (``configs/attacks/IG.yaml``; iDLG and CPL: 40 and 400 in
-#: ``configs/attacks/iDLG.yaml`` and ``CPL.yaml``), a stop once the loss falls below 10⁻⁵ and the
-#: best iterate returned (``src/attacks.py``, ``attack_batch``). Pass as ``**CVB_LOOP`` with the
-#: patience values of the attack (``plateau_patience``, ``stop_patience``).
-CVB_LOOP: dict[str, Any] = {
-    "schedule": "plateau",
-    "decay": 0.1,
-    "stop_below": 1e-5,
-    "keep_best": True,
-}
-
-
 def _lbfgs(
     steps: int,
     lr: float,
@@ -86,7 +71,7 @@ def _lbfgs(
 
     ``schedule="plateau"`` with ``decay`` its factor, and the early-stopping
     and best-iterate ``fields`` of :class:`AttackConfig`, give the CVB
-    authors' loop (:data:`CVB_LOOP`), run per attack.
+    authors' loop (:data:`~leakagelib.experiments.cvb_common.CVB_LOOP`), run per attack.
     """
     return AttackConfig(
         steps=steps, optimizer="lbfgs", lr=lr, schedule=schedule, decay=decay, beta=beta, **fields
@@ -143,7 +128,7 @@ def idlg(
     protocol). ``control``: the loop's schedule, early-stopping and
     best-iterate fields of :class:`AttackConfig` (``schedule``, ``decay``,
     ``plateau_patience``, ``stop_patience``, ``stop_below``, ``keep_best``;
-    the CVB authors' values are :data:`CVB_LOOP` with patience 40 and 400).
+    the CVB authors' values are :data:`~leakagelib.experiments.cvb_common.CVB_LOOP` with patience 40 and 400).
     Other keywords as :func:`dlg`.
     """
     config = _lbfgs(
@@ -218,7 +203,7 @@ def cpl(
 def inverting_gradients(
     *,
     steps: int = 4000,
-    tv: float = 4e-4,
+    tv: float = 1e-4,
     lr: float = 0.1,
     signed: bool = True,
     box: bool = True,
@@ -234,13 +219,18 @@ def inverting_gradients(
 
     Box-constrained iterates, signed gradients and a step schedule that divides
     the learning rate by 10 at 3/8, 5/8 and 7/8 of the run, as in their code.
-    Defaults are the values the Bayes paper used with that code (§6): lr 0.1,
-    TV weight 4·10⁻⁴ and 4000 iterations (its Soteria experiment).
-    ``weighting="exponential"`` is their layer weighting. Pass ``bounds``
-    (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
+    The prior is their TV in their convention,
+    ``TotalVariation(power=1, reduction="mean")`` (inversefed/metrics.py: each
+    direction's absolute differences averaged, the two means added), so ``tv``
+    is a weight as their code and every paper built on it write it. Default
+    ``tv`` 10⁻⁴: inversefed's ``--tv`` default (``inversefed/options.py``),
+    which the README's CIFAR-10 command (``reconstruct_image.py``) runs with;
+    lr 0.1 is theirs too; 4000 iterations are those the Bayes paper ran with
+    that code (§6). ``weighting="exponential"`` is their layer weighting. Pass
+    ``bounds`` (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
     ``control``: ``plateau_patience``, ``stop_patience``, ``stop_below`` and
     ``keep_best`` of :class:`AttackConfig`; the CVB authors' loop is
-    ``schedule="plateau"`` with :data:`CVB_LOOP`, patience 400 and 4,000.
+    ``schedule="plateau"`` with :data:`~leakagelib.experiments.cvb_common.CVB_LOOP`, patience 400 and 4,000.
     """
     config = AttackConfig(
         steps=steps,
@@ -256,7 +246,8 @@ def inverting_gradients(
         **control,
     )
     lik = restrict(Cosine(layers=LayerSelection(weighting=weighting)), include)
-    return Attack("inverting-gradients", "Inverting Gradients", lik, TotalVariation(1), config)
+    prior = TotalVariation(power=1, reduction="mean")
+    return Attack("inverting-gradients", "Inverting Gradients", lik, prior, config)
 
 
 def grad_inversion(
@@ -282,9 +273,11 @@ def grad_inversion(
     10⁻⁶, DeepInversion (BatchNorm) 0.1, labels given (recover them with
     :func:`leakagelib.gradients.recover_labels_batch`). Not modelled: the
     cosine learning-rate decay (the lr stays constant), the Langevin noise and
-    the group-consistency term of several seeds. Our TV sums over pixels, so
-    its weight is not interchangeable with that code's. ``bn > 0`` needs a
-    model with BatchNorm layers (pass ``bn=0`` otherwise); pass ``bounds``.
+    the group-consistency term of several seeds. ``tv`` is breaching's scale
+    in inversefed's per-direction mean convention (see
+    :func:`~leakagelib.attacks.network_priors.gradinversion` for the small
+    difference at the border). ``bn > 0`` needs a model with BatchNorm layers
+    (pass ``bn=0`` otherwise); pass ``bounds``.
     """
     config = AttackConfig(
         steps=steps,
@@ -324,7 +317,9 @@ def bayes(
     code (eth-sri/bayes-framework-leakage, scripts/run_mnist_tune.sh and
     attacks/grad_attack.py): N(0, 1) initialisation in normalised space, Adam
     with lr 0.5 and exponential decay 0.94 per step, 200 steps, their
-    squared-difference TV prior. ``beta`` is the prior weight the paper tunes
+    squared-difference TV prior in their convention,
+    ``TotalVariation(power=2, reduction="sum")`` (utils/measures.py: summed
+    over each image, averaged over images). ``beta`` is the prior weight the paper tunes
     per attack (A.3; see :mod:`leakagelib.attacks.search`); ``mc_samples`` and
     ``delta`` are Algorithm 1's k and δ; ``include`` restricts the likelihood
     to some layers.
@@ -343,7 +338,8 @@ def bayes(
         delta=delta,
     )
     lik = restrict(likelihood, include)
-    return Attack("bayes", "Bayes", lik, prior or TotalVariation(power=2), config)
+    prior = prior or TotalVariation(power=2, reduction="sum")
+    return Attack("bayes", "Bayes", lik, prior, config)
 
 
 def _baseline(name: str, title: str, likelihood: Likelihood, overrides: dict[str, Any]) -> Attack:

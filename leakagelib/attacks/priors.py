@@ -37,6 +37,7 @@ from torch import Tensor, nn
 __all__ = [
     "GaussianPrior",
     "LaplacePrior",
+    "TV_REDUCTIONS",
     "PixelRange",
     "Prior",
     "TotalVariation",
@@ -88,36 +89,68 @@ class Uniform(Prior):
         return {"prior": "uniform"}
 
 
+#: The reductions :class:`TotalVariation` knows (see its docstring).
+TV_REDUCTIONS = ("sum", "mean")
+
+
 @dataclass(frozen=True)
 class TotalVariation(Prior):
-    """Anisotropic total variation: ``-Σ (|Δₕx|^p + |Δ_w x|^p)`` per image, averaged.
+    """Anisotropic total variation ``-TV_p(x)``, averaged over the ``n`` images; inputs ``n×C×H×W``.
 
-    ``power=1`` is the anisotropic TV of Inverting Gradients; ``power=2`` sums
-    squared neighbour differences, which is what the Bayes authors' code
-    computes for its "total variation" (eth-sri/bayes-framework-leakage,
-    utils/measures.py) and what the Bayes preset uses. Inputs must be images
-    ``n × C × H × W``.
+    With ``Δ_h`` and ``Δ_w`` the ``C·(H−1)·W`` vertical and ``C·H·(W−1)``
+    horizontal neighbour differences of one image, and ``p = power``:
+
+    * ``reduction="sum"``: ``TV_p(x) = Σ |Δ_h x|^p + Σ |Δ_w x|^p``. With
+      ``power=2`` this is the Bayes authors' TV (eth-sri/bayes-framework-leakage,
+      ``bayes_optimal_attack/utils/measures.py``, ``total_variation``: squared
+      differences summed over each image's pixels and channels, then averaged
+      over the images in ``utils/flax_losses.py``), so the β of the Bayes paper's
+      search (A.3) is in this convention. Their code takes the differences with
+      ``jnp.roll``, which also counts the wrap-around pair (last row against
+      first, last column against first); ours counts interior pairs only.
+    * ``reduction="mean"``: ``TV_p(x) = mean |Δ_h x|^p + mean |Δ_w x|^p``, each
+      direction averaged over its own differences. With ``power=1`` this is
+      inversefed's ``total_variation`` (JonasGeiping/invertinggradients,
+      ``inversefed/metrics.py``: ``torch.mean`` of the absolute differences
+      of each direction, the two means added), the convention of every
+      Inverting Gradients weight and of the CVB authors' ``TV``
+      (dAI-SY-Group/ConvolutionalVariationalBottleneck, ``src/loss.py``),
+      which copy it. With ``power=2`` it is the squared variant in the
+      inversefed copy the Bayes authors ran against Soteria
+      (``defense_attacks/soteria/inversefed/metrics.py``). inversefed averages
+      over the whole batch at once; for images of one shape that equals our
+      average over images of the per-image means.
+
+    On square images the two reductions differ by the factor ``C·(H−1)·W``
+    (2,976 on 3×32×32, 756 on 1×28×28): a weight copied from one code must be
+    used with that code's reduction. ``reduction`` defaults to ``"sum"``.
+    Used by the presets (:mod:`.presets`) and the chapters "Existing attacks
+    are approximations" and "Breaking heuristic defenses".
     """
 
     power: int = 1
+    reduction: str = "sum"
 
     def __post_init__(self) -> None:
         if self.power not in (1, 2):
             raise ValueError(f"power must be 1 or 2, got {self.power}")
+        if self.reduction not in TV_REDUCTIONS:
+            raise ValueError(
+                f"reduction must be one of {TV_REDUCTIONS} (total variation summed over an "
+                f"image's differences, or averaged per direction), got {self.reduction!r}"
+            )
 
     def log_prob(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
             raise ValueError(f"total variation needs images n×C×H×W, got shape {tuple(x.shape)}")
         dh = x[:, :, 1:, :] - x[:, :, :-1, :]
         dw = x[:, :, :, 1:] - x[:, :, :, :-1]
-        if self.power == 1:
-            tv = dh.abs().sum((1, 2, 3)) + dw.abs().sum((1, 2, 3))
-        else:
-            tv = dh.pow(2).sum((1, 2, 3)) + dw.pow(2).sum((1, 2, 3))
-        return -tv.mean()
+        reduce = Tensor.sum if self.reduction == "sum" else Tensor.mean
+        terms = [d.abs() if self.power == 1 else d.pow(2) for d in (dh, dw)]
+        return -(reduce(terms[0], (1, 2, 3)) + reduce(terms[1], (1, 2, 3))).mean()
 
     def describe(self) -> dict[str, object]:
-        return {"prior": "tv", "power": self.power}
+        return {"prior": "tv", "power": self.power, "reduction": self.reduction}
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ FIG2 = ScaleConfig(
         "ats_victims": "ours (10 CIFAR-10 images per defense)",
         "ats_width": "A.2, Table 4: ConvNet of width 64",
         "ats_attack_steps": "§6: 2000 attack iterations",
-        "ats_tv": "§6, A.2: total variation 10⁻⁵",
+        "ats_tv": "§6, A.2: total variation 10⁻⁵ (defense_attacks/ats/benchmark/comm.py, "
+        "config 'inversed'), in inversefed's convention (defense_attacks/ats/inversefed/"
+        "metrics.py: mean absolute difference per direction), which the Inverting Gradients "
+        "preset uses; ci: the paper's value",
         "soteria_victims": "ours (10 CIFAR-10 images per defense)",
         **SOTERIA_SOURCES,
     },

@@ -101,12 +101,15 @@ def table2_attacks(
     """The presets ``names`` (ids of :data:`ATTACKS`) against ``defense``, ``steps`` steps each.
 
     All share one TV prior object, so that the batched program evaluates it
-    once for every attack; ``bayes`` gets ``defense.likelihood()``.
+    once for every attack; ``bayes`` gets ``defense.likelihood()``. The prior
+    is the Bayes authors' TV in their convention (squared differences summed
+    over each image, ``utils/measures.py``), so the β grids searched over it
+    (A.3) are the paper's numbers as written.
     """
     unknown = [a for a in names if a not in ATTACKS]
     if unknown:
         raise KeyError(f"unknown attacks {unknown}; use {list(ATTACKS)}")
-    prior = TotalVariation(power=2)
+    prior = TotalVariation(power=2, reduction="sum")
     matched = {"bayes": {"likelihood": defense.likelihood()}} if "bayes" in names else {}
     return {a: preset(a, steps=steps, prior=prior, **matched.get(a, {})) for a in names}
 

@@ -181,10 +181,15 @@ def table2(ctx: Context) -> list[dict]:
 
 
 def _range_priors(case: Case, phis: tuple[float, ...]) -> dict[str, Prior]:
-    """A.4's priors: ``"tv"``, and ``"tv+range:φ"`` = φ·TV + (1 − φ)·pixel range for every φ."""
+    """A.4's priors: ``"tv"``, and ``"tv+range:φ"`` = φ·TV + (1 − φ)·pixel range for every φ.
+
+    TV is the Bayes authors' (squared differences summed over each image,
+    ``utils/measures.py``); the range term sums over pixels as their
+    ``clip_prior`` does, so φ weighs the two as in their code.
+    """
     if not phis or not all(0.0 <= phi < 1.0 for phi in phis):
         raise ValueError(f"phis must be a non-empty list of values in [0, 1), got {phis}")
-    tv, norm = TotalVariation(power=2), case.normalizer
+    tv, norm = TotalVariation(power=2, reduction="sum"), case.normalizer
     in_range = PixelRange(norm.mean, norm.std)
     return {"tv": tv, **{f"tv+range:{phi:g}": phi * tv + (1.0 - phi) * in_range for phi in phis}}
 

@@ -59,7 +59,6 @@ def attack_ssim(
     norm: Normalizer,
     *,
     attack: str = "inverting-gradients",
-    tv: float = 0.01,
     include: Sequence[str] | None = None,
     defense: GradientDefense | None = None,
     steps: int | None = None,
@@ -82,7 +81,7 @@ def attack_ssim(
     registered experiments; ``callback(step, iterates)`` sees every iterate.
     """
     ctx = _context(scale, seed, device)
-    chosen = cvb_attack(attack, ctx.config, tv=tv, steps=steps, lr=lr,
+    chosen = cvb_attack(attack, ctx.config, steps=steps, lr=lr,
                         include=attack_layers(model) if include is None else include)  # fmt: skip
     case, result = run_attack(ctx, model, Victims(images, labels, norm), chosen,
                               defense=defense, offset=offset, callback=callback)  # fmt: skip
@@ -96,7 +95,6 @@ def gradient_trace(
     norm: Normalizer,
     *,
     steps: int = 40,
-    tv: float = 0.01,
     include: Sequence[str] | None = None,
     seed: int = 0,
     device: str = "cpu",
@@ -110,8 +108,8 @@ def gradient_trace(
     Every dummy gradient is recomputed with fresh bottleneck noise, as the
     attack saw it. ``include`` defaults to *all* parameters (the plain attack
     of Fig. 6(a, b)); pass :func:`leakagelib.defenses.attacked_parameters`
-    for the ignore attack of Fig. 6(c). TV weight 0.01 and 40 steps keep the
-    chapter fast; the figure's shape shows early. The similarities are
+    for the ignore attack of Fig. 6(c). The authors' TV weight for the CNN;
+    40 steps keep the chapter fast, and the figure's shape shows early. The similarities are
     computed on the CPU, so ``model`` is left there (moved in place).
     """
     if include is None:
@@ -122,7 +120,7 @@ def gradient_trace(
         iterates.append(x[0, 0, 0, :1].cpu())  # setting 0, first update, restart 0: image 0
 
     ctx = _context("ci", seed, device)  # IG's learning rate is the same at both scales
-    attack = cvb_attack("inverting-gradients", ctx.config, tv=tv, include=include, steps=steps)
+    attack = cvb_attack("inverting-gradients", ctx.config, include=include, steps=steps)
     case, _ = run_attack(ctx, model, Victims(images, labels, norm), attack, callback=keep)
     target = {k: v[0].cpu() for k, v in case.updates.items()}
     return analysis.similarity_trace(model.cpu(), target, torch.cat(iterates), labels[:1].cpu())

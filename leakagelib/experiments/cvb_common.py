@@ -5,11 +5,12 @@ CVB paper (Scheliga, Mäder, Seeland) §V, with values from the authors' code
 *untrained* network (``ckpt: 0`` in ``configs/attacks/*.yaml``); each victim
 image is its own client (:func:`~leakagelib.experiments.case.build_case`),
 attacked with its label known. Inverting Gradients (IG): cosine distance, TV
-weight 0.01 (0.1 for the CVB CNN, ``configs/models/CNNCVB.yaml``), signed Adam
-with lr 1, N(0, 1) initialisation, iterates clipped to the image box; iDLG
-and CPL: the ℓ2 distance and L-BFGS from N(0, 1), CPL with its label term.
-Every attack runs the authors' loop per image: plateau schedule, early
-stopping and the best iterate (:func:`cvb_attack`).
+with the authors' weight for the architecture (:data:`ATTACK`'s ``ig_tv``:
+0.1 for the CNN and the ResNet-18, 10⁻⁴ for the ViT, in their TV's
+convention), signed Adam with lr 1, N(0, 1) initialisation, iterates clipped
+to the image box; iDLG and CPL: the ℓ2 distance and L-BFGS from N(0, 1), CPL
+with its label term. Every attack runs the authors' loop per image: plateau
+schedule, early stopping and the best iterate (:func:`cvb_attack`).
 Against PRECODE and CVB the "ignore" attack reads only the gradients before
 the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
 SSIM ≥ 0.5) use min–max rescaled images, as the authors' ``Scaled*`` metrics
@@ -47,7 +48,6 @@ from torch import Tensor, nn
 
 from .. import metrics, models
 from ..attacks import Attack, AttackResult, preset
-from ..attacks.presets import CVB_LOOP
 from ..data import Normalizer
 from ..defenses import (
     DPSGD,
@@ -67,8 +67,10 @@ __all__ = [
     "ATTACK",
     "ATTACKS",
     "CPL_LABEL_WEIGHT",
+    "CVB_LOOP",
     "CVB_DEFAULT",
     "CVB_NET",
+    "IG_TV",
     "PRECODE_TABLE2",
     "SHAPE",
     "TRAINING",
@@ -98,16 +100,39 @@ CVB_DEFAULT = {"kind": "cvb", "position": 1, "kernel_size": 5, "beta": 0.1}
 #: Table II's PRECODE: K = C/2 and no biases (which reproduces the table's parameter counts).
 PRECODE_TABLE2 = {"kind": "precode", "K": "adaptive", "bias": False}
 
+#: The CVB authors' IG TV weight per architecture (``attack.regularization`` in
+#: ``configs/models/{CNN,CNNCVB,ResNet18,ResNet18CVB,ViT,ViTCVB}.yaml``, which override
+#: ``configs/attacks/IG.yaml``'s 0.01), for their ``TV`` (``src/loss.py``: inversefed's
+#: mean absolute difference per direction), i.e. ``TotalVariation(power=1, reduction="mean")``,
+#: the Inverting Gradients preset's prior. The same with and without a bottleneck.
+IG_TV = {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
+
+#: The CVB authors' per-attack loop control (dAI-SY-Group/ConvolutionalVariationalBottleneck):
+#: ``ReduceLROnPlateau`` with factor 0.1 and, for IG, patience 400, early stopping after
+#: 4,000 steps without a lower loss (``configs/attacks/IG.yaml``; iDLG and CPL: 40 and 400 in
+#: ``configs/attacks/iDLG.yaml`` and ``CPL.yaml``), a stop once the loss falls below 10⁻⁵ and the
+#: best iterate returned (``src/attacks.py``, ``attack_batch``). Pass as ``**CVB_LOOP`` with the
+#: patience values of the attack (``plateau_patience``, ``stop_patience``).
+CVB_LOOP: dict[str, Any] = {
+    "schedule": "plateau",
+    "decay": 0.1,
+    "stop_below": 1e-5,
+    "keep_best": True,
+}
+
 #: The attack protocol: victims per dataset and the attacks' loop budgets.
 ATTACK = ScaleConfig(
-    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "ig_plateau": 10, "ig_stop": 100,
-        "lbfgs_steps": 2, "lbfgs_lr": 0.1, "lbfgs_plateau": 40, "lbfgs_stop": 400},
-    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "ig_plateau": 400, "ig_stop": 4_000,
-           "lbfgs_steps": 2_000, "lbfgs_lr": 0.01, "lbfgs_plateau": 40, "lbfgs_stop": 400},
+    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 10,
+        "ig_stop": 100, "lbfgs_steps": 2, "lbfgs_lr": 0.1, "lbfgs_plateau": 40, "lbfgs_stop": 400},
+    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 400,
+           "ig_stop": 4_000, "lbfgs_steps": 2_000, "lbfgs_lr": 0.01, "lbfgs_plateau": 40,
+           "lbfgs_stop": 400},
     sources={
         "victims": "§V-B: the victim set of 128 images per dataset",
         "ig_steps": "§V-B and configs/attacks/IG.yaml: at most 20,000 iterations",
         "ig_lr": "configs/attacks/IG.yaml: lr 1 (at ci also the stronger of 1 and 0.1)",
+        "ig_tv": "configs/models/*.yaml: attack.regularization per architecture (§V-B's value "
+        "is lost in our copy), inversefed's mean convention; ci: the same",
         "ig_plateau": "configs/attacks/IG.yaml: ReduceLROnPlateau patience 400 (ci: 10, to act "
                       "within 100 steps)",
         "ig_stop": "configs/attacks/IG.yaml: early stopping patience 4,000 (ci: the budget)",
@@ -204,7 +229,7 @@ def cvb_attack(
     name: str,
     settings: Settings,
     *,
-    tv: float,
+    architecture: str = "cnn",
     include: Sequence[str] | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -213,24 +238,29 @@ def cvb_attack(
 
     ``settings`` holds :data:`ATTACK`'s values (``ctx.config``). Labels are
     known. Every attack runs the authors' loop per image
-    (:data:`~leakagelib.attacks.presets.CVB_LOOP`): the lr times 0.1 after a
+    (:data:`CVB_LOOP`): the lr times 0.1 after a
     plateau, early stopping, a stop below 10⁻⁵, the best iterate returned.
     IG: at most ``ig_steps`` signed-Adam steps from lr ``ig_lr``, plateau
-    patience ``ig_plateau``, stop patience ``ig_stop``, TV weight ``tv``,
-    N(0, 1) start, iterates clipped to the image box. iDLG (clipped) and CPL
-    (not clipped, ``configs/attacks/*.yaml``, ``clip_dummies``): at most
-    ``lbfgs_steps`` L-BFGS steps from ``lbfgs_lr``, patience ``lbfgs_plateau``
-    and ``lbfgs_stop``, N(0, 1) start, the ℓ2 distance ‖g − s‖² (the authors'
-    ``GL2``, a sum of squares: σ = 1/√2); CPL adds :data:`CPL_LABEL_WEIGHT`
-    times the distance of the logits to the label
-    (:class:`~leakagelib.attacks.LogitLabelDistance`); ``tv`` is not used.
+    patience ``ig_plateau``, stop patience ``ig_stop``, TV weight
+    ``ig_tv[architecture]`` (``"cnn"``, ``"resnet18"`` or ``"vit"``) in the
+    authors' convention, N(0, 1) start, iterates clipped to the image box.
+    iDLG (clipped) and CPL (not clipped, ``configs/attacks/*.yaml``,
+    ``clip_dummies``): at most ``lbfgs_steps`` L-BFGS steps from
+    ``lbfgs_lr``, patience ``lbfgs_plateau`` and ``lbfgs_stop``, N(0, 1)
+    start, the ℓ2 distance ‖g − s‖² (the authors' ``GL2``, a sum of squares:
+    σ = 1/√2); CPL adds :data:`CPL_LABEL_WEIGHT` times the distance of the
+    logits to the label (:class:`~leakagelib.attacks.LogitLabelDistance`).
     ``include`` restricts the likelihood (the ignore attack,
     :func:`attack_layers`); ``steps`` and ``lr`` replace the scale's values
     (the chapter's short attacks).
     """
+    if architecture not in settings.ig_tv:
+        raise ValueError(
+            f"unknown architecture {architecture!r}; use one of {list(settings.ig_tv)}"
+        )
     if name == "inverting-gradients":
         options: dict[str, Any] = {
-            "steps": settings.ig_steps, "lr": settings.ig_lr, "tv": tv,
+            "steps": settings.ig_steps, "lr": settings.ig_lr, "tv": settings.ig_tv[architecture],
             "plateau_patience": settings.ig_plateau, "stop_patience": settings.ig_stop,
         }  # fmt: skip
     elif name in ("idlg", "cpl"):
