@@ -70,7 +70,7 @@ def _k4(channels: int) -> tuple[int, int, int, int]:
 #: 6, 3×3 stride 3 with 28 or 21 channels). The caption fixes the structure:
 #: columns 2 and 3 share a rank-deficient first layer and have two and four
 #: times column 1's parameters; column 4's second layer is locally
-#: deficient (|x| − |W| − |z| = 4,289) but its 4,497 virtual constraints compensate
+#: deficient (``|x| − |W| − |z|`` = 4,289) but its 4,497 virtual constraints compensate
 #: it; column 5's third layer stays deficient after its virtual constraints.
 #: The later channel counts are ours. ``leakagelib.rgap.rank_analysis`` gives
 #: exactly the paper's RA-i (critical layers conv1, conv1, conv1, conv2, conv3).
