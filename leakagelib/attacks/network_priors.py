@@ -22,6 +22,7 @@ Used by the chapter "Existing attacks are approximations".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -127,7 +128,38 @@ class BatchNormStatistics(Prior):
 
 
 @dataclass(frozen=True)
-class LabelAlignment(Prior):
+class _LabelPrior(Prior):
+    """A prior on the network's output for the attack's labels (CPL's label terms).
+
+    It reads the attack's labels, so it acts through :meth:`log_prob_given`
+    (which the attack loop calls); :meth:`log_prob` without labels raises.
+    ``model=None`` leaves it unbound; the attack loop binds it to the attacked
+    network. ``term`` names the prior in messages.
+    """
+
+    term: ClassVar[str]
+    model: nn.Module | None = field(default=None, compare=False, repr=False)
+
+    def bind(self, model: nn.Module) -> _LabelPrior:
+        return self if self.model is not None else type(self)(model)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        raise ValueError(
+            f"the {self.term} needs the attack's labels: call log_prob_given(x, labels)"
+        )
+
+    def _output(self, x: Tensor) -> Tensor:
+        """The bound network's output on ``x`` (its weights frozen)."""
+        if self.model is None:
+            raise ValueError(
+                f"this {self.term} is not bound to a model: build it with "
+                f"{type(self).__name__}(model), or pass it to reconstruct, which binds it"
+            )
+        return _frozen_forward(self.model, x)
+
+
+@dataclass(frozen=True)
+class LabelAlignment(_LabelPrior):
     """CPL's label-based regulariser: ``-‖softmax(h(x)) − e_y‖₂²``, averaged over the inputs.
 
     Wei et al. (2020, "A framework for evaluating client privacy leakages in
@@ -142,29 +174,13 @@ class LabelAlignment(Prior):
     public notebook (git-disl/CPL_attack, ``LFW_enhanced_random_ASR.ipynb``)
     keeps a variant of the term commented out, so its default weight there is 0.
 
-    It reads the attack's labels, so it acts through
-    :meth:`log_prob_given` (which the attack loop calls); :meth:`log_prob`
-    without labels raises. ``model=None`` leaves it unbound; the attack loop
-    binds it to the attacked network.
+    Bound to a model as every :class:`_LabelPrior`.
     """
 
-    model: nn.Module | None = field(default=None, compare=False, repr=False)
-
-    def bind(self, model: nn.Module) -> LabelAlignment:
-        return self if self.model is not None else LabelAlignment(model)
-
-    def log_prob(self, x: Tensor) -> Tensor:
-        raise ValueError(
-            "the label-alignment prior needs the attack's labels: call log_prob_given(x, labels)"
-        )
+    term: ClassVar[str] = "label-alignment prior"
 
     def log_prob_given(self, x: Tensor, target: Tensor) -> Tensor:
-        if self.model is None:
-            raise ValueError(
-                "this label-alignment prior is not bound to a model: build it with "
-                "LabelAlignment(model), or pass it to reconstruct, which binds it"
-            )
-        probs = torch.softmax(_frozen_forward(self.model, x), dim=-1)
+        probs = torch.softmax(self._output(x), dim=-1)
         if target.dim() == probs.dim():  # soft labels n × K
             onehot = target.to(probs.dtype)
         else:
@@ -177,7 +193,7 @@ class LabelAlignment(Prior):
 
 
 @dataclass(frozen=True)
-class LogitLabelDistance(Prior):
+class LogitLabelDistance(_LabelPrior):
     """CPL's label term as the CVB authors run it: ``-‖h(x) − y‖₂`` with ``h`` the logits.
 
     The CVB authors' CPL (dAI-SY-Group/ConvolutionalVariationalBottleneck,
@@ -193,23 +209,10 @@ class LogitLabelDistance(Prior):
     labels (DLG's) are not defined for this form and raise.
     """
 
-    model: nn.Module | None = field(default=None, compare=False, repr=False)
-
-    def bind(self, model: nn.Module) -> LogitLabelDistance:
-        return self if self.model is not None else LogitLabelDistance(model)
-
-    def log_prob(self, x: Tensor) -> Tensor:
-        raise ValueError(
-            "the logit-label distance needs the attack's labels: call log_prob_given(x, labels)"
-        )
+    term: ClassVar[str] = "logit-label distance"
 
     def log_prob_given(self, x: Tensor, target: Tensor) -> Tensor:
-        if self.model is None:
-            raise ValueError(
-                "this logit-label distance is not bound to a model: build it with "
-                "LogitLabelDistance(model), or pass it to reconstruct, which binds it"
-            )
-        logits = _frozen_forward(self.model, x)
+        logits = self._output(x)
         if target.dim() == logits.dim():
             raise ValueError("the logit-label distance takes class indices, not soft labels")
         diff = logits - target.to(logits.dtype).unsqueeze(-1)
