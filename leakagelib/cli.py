@@ -99,19 +99,45 @@ def check_data(exp_id: str, overrides: dict[str, str], source: str) -> None:
     from . import experiments
     from .experiments.registry import known_datasets
 
-    per_run = source == "--data"
-    uses = experiments.get(exp_id).datasets if per_run else known_datasets()
+    if source == "--data":
+        check_names(
+            overrides,
+            experiments.get(exp_id).datasets,
+            f"which {exp_id} does not use; it uses",
+            source,
+        )
+    else:
+        check_names(overrides, known_datasets(), "which no experiment uses; known:", source)
+
+
+def check_names(overrides: dict[str, str], uses: Sequence[str], who: str, source: str) -> None:
+    """Each name of ``overrides`` is in ``uses`` (when it names any) and each path is a file."""
     for logical, spec in overrides.items():
         if uses and logical not in uses:
-            who = (
-                f"which {exp_id} does not use; it uses"
-                if per_run
-                else "which no experiment uses; known:"
-            )
             raise UsageError(f"{source} names dataset {logical!r}, {who} {', '.join(uses)}")
         looks_like_path = spec.endswith(".npz") or os.sep in spec
         if looks_like_path and not Path(spec).expanduser().is_file():
             raise UsageError(f"{source} {logical}={spec}: no such file")
+
+
+def campaign_data(ids: Sequence[str], items: Sequence[str]) -> dict[str, list[str]]:
+    """Each campaign experiment's share of ``--data``, checked once before any work.
+
+    A campaign's ``--data`` serves all of its experiments: a name must be one
+    that some of them uses (a typo still fails at once, not hours later), and
+    each experiment is handed only the names it uses, so that the checks of
+    its own run pass and its partial record's identity names only its data.
+    """
+    from . import experiments
+    from .experiments.registry import parse_data_overrides
+
+    given = parse_data_overrides(items)
+    used = sorted({name for exp_id in ids for name in experiments.get(exp_id).datasets})
+    check_names(given, used, "which none of this campaign's experiments uses; they use", "--data")
+    return {
+        exp_id: [f"{k}={v}" for k, v in given.items() if k in experiments.get(exp_id).datasets]
+        for exp_id in ids
+    }
 
 
 def _write_safely(record: dict, path: Path) -> Path:
@@ -236,12 +262,14 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     ids = args.only or experiments.available()
     for exp_id in ids:
         experiments.get(exp_id)
+    data = campaign_data(ids, args.data or [])
     check_device(args.device)
     estimator = Estimator(args.device)
     plan, seconds = [], []
     for exp_id in ids:
         out = check_out(str(Path(args.results) / record_filename(exp_id)))
-        status, line, eta = _plan_line(exp_id, out, args, estimator)
+        mine = argparse.Namespace(**{**vars(args), "id": exp_id, "data": data[exp_id]})
+        status, line, eta = _plan_line(exp_id, out, mine, estimator)
         plan.append((exp_id, out, status))
         seconds.append(eta)
         print(line, flush=True)
@@ -256,7 +284,9 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
         if status == "done":
             continue
         print(f"\n== {exp_id} ({args.scale}, {args.device})")
-        run_args = argparse.Namespace(**{**vars(args), "id": exp_id, "resume": True})
+        run_args = argparse.Namespace(
+            **{**vars(args), "id": exp_id, "data": data[exp_id], "resume": True}
+        )
         run_to_record(run_args, out)
     return 0
 

@@ -188,3 +188,34 @@ def test_a_record_whose_write_fails_goes_to_a_fallback_file(capsys, monkeypatch,
     fallback = tmp_path / "fallback" / "leakagelib-r.json"
     assert "disk full" in err and str(fallback) in err
     assert read_record(fallback)["experiment"] == "intro/bias-attack"
+
+
+def test_a_campaign_hands_each_experiment_the_data_it_uses(capsys, monkeypatch, tmp_path):
+    """One ``--data`` list serves a campaign of experiments that use different datasets; a name
+    none of them uses fails before any work, naming the ones they use."""
+    import leakagelib.cli as cli
+
+    mnist, cifar = tmp_path / "m.npz", tmp_path / "c.npz"
+    mnist.write_bytes(b""), cifar.write_bytes(b"")
+    shares = cli.campaign_data(
+        ["intro/bias-attack", "rgap/table3-rank"], [f"mnist={mnist}", f"cifar10={cifar}"]
+    )
+    assert shares == {
+        "intro/bias-attack": [f"mnist={mnist}"],
+        "rgap/table3-rank": [f"cifar10={cifar}"],
+    }
+
+    seen: list = []
+    monkeypatch.setattr(cli, "run_to_record", lambda args, out: seen.append(args.data))
+    base = ["campaign", "--quiet", "--results", str(tmp_path / "results")]
+    ids = ["--only", "intro/bias-attack", "rgap/table3-rank"]
+    assert main([*base, *ids, "--data", f"mnsit={mnist}"]) == 2
+    err = capsys.readouterr().err
+    assert "'mnsit', which none of this campaign's experiments uses; they use cifar10, mnist" in err
+    assert seen == [], "nothing ran"
+
+    from leakagelib.experiments import estimate
+
+    monkeypatch.setattr(estimate, "step_seconds", lambda net, kind, images, device: 1e-3)
+    assert main([*base, *ids, "--data", f"mnist={mnist}", "--data", f"cifar10={cifar}"]) == 0
+    assert seen == [[f"mnist={mnist}"], [f"cifar10={cifar}"]]
