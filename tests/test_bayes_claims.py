@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from leakagelib import experiments
-from leakagelib.experiments import Context
+from leakagelib.experiments import Context, bayes_claims
 from leakagelib.experiments.bayes_scenario import paired_gap, paired_interval
 
 torch.set_num_threads(1)
@@ -41,3 +41,31 @@ def test_table2_and_training_claims_on_the_mnist_stand_in(seed: int):
     step0 = next(r for r in rows if r["attack"] == "l2")["psnr_per_image"]
     cost = paired_interval(step0, later[0]["psnr_per_image_tv"])
     assert cost.low > 0, cost
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_figure_claims_hold_on_more_seeds(seed: int):
+    """Figures 7, 5 and 2 at ci scale: every paired interval of their claims lies above 0, and
+    the attack that does not know Soteria's layer finds ``fc1`` (the chapters assert the same
+    functions for seed 0)."""
+    fig7 = experiments.run("bayes/fig7-mc-samples", "ci", seed=seed, progress=False)["rows"]
+    assert bayes_claims.fig7_gains(fig7)["area"].low > 0
+    fig5 = experiments.run("bayes/fig5-soteria-layers", "ci", seed=seed, progress=False)["rows"]
+    assert all(g.low > 0 for g in bayes_claims.fig5_gains(fig5).values())
+    assert bayes_claims.fig5_chosen(fig5) == {"fc1"}
+    fig2 = experiments.run("bayes/fig2-training", "ci", seed=seed, progress=False)["rows"]
+    fig3_step = experiments.get("bayes/fig2-training").config.at("ci").fig3_step
+    gains = bayes_claims.fig2_gains(fig2, fig3_step)
+    assert len(gains) >= 2 and all(g.low > 0 for g in gains.values()), gains
+
+
+def test_figure_claims_fail_when_the_attacks_swap():
+    """The claim functions can fail: swapping the two attacks' PSNRs turns every gap negative."""
+    rows = [
+        {"defended": "fc1", "attack": "layer-drop", "psnr_per_image": [10.0, 11.0, 12.0]},
+        {"defended": "fc1", "attack": "direct", "psnr_per_image": [20.0, 21.0, 23.0]},
+        {"defended": "fc2", "attack": "layer-drop", "psnr_per_image": [5.0, 6.0, 6.5]},
+    ]
+    gains = bayes_claims.fig5_gains(rows)
+    assert gains["drop over direct"].high < 0 and gains["fc2 over fc1"].high < 0

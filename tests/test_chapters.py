@@ -78,6 +78,11 @@ def test_chapter_follows_the_book_conventions(path: Path):
             assert not c.get("outputs"), "notebooks are stored without outputs"
     if any("interact" in "".join(c["source"]) for c in code):
         assert any("plt.show()" in "".join(c["source"]) for c in code)
+    runs = [src for c in code for src in ["".join(c["source"])] if "experiments.run(" in src]
+    assert all("progress=False" in src for src in runs), (
+        "experiments.run(..., progress=False) in chapters: in a notebook tqdm's bar is a widget "
+        "(comm traffic from its monitor thread, a stored widget state that the site cannot show)"
+    )
 
 
 def executed(path: Path) -> dict:

@@ -1,0 +1,70 @@
+"""The Bayes paper's figure claims as paired comparisons over images, read off a run's rows.
+
+Each function returns the :class:`~leakagelib.experiments.bayes_scenario.PairedGap`
+intervals a claim rests on; the claim holds when every interval's ``low`` is
+above 0. The chapters "Bayes versus heuristics under defenses" (Figure 7) and
+"Breaking heuristic defenses" (Figures 2 and 5) assert them in hidden cells for
+their seed, and ``tests/test_bayes_claims.py`` for two more seeds, so that one
+definition of each claim serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .bayes_scenario import PairedGap, paired_interval
+
+
+def fig7_gains(rows: Sequence[dict]) -> dict[str, PairedGap]:
+    """Figure 7 (A.6): the most Monte-Carlo samples against the fewest, on the same images.
+
+    ``"area"`` compares the area under the PSNR-per-step curve (the paper's
+    reading: more samples converge faster), ``"final"`` the last PSNR. The
+    claim asserted is ``"area"``.
+    """
+    by_k = {r["k"]: r for r in rows}
+    few, many = by_k[min(by_k)], by_k[max(by_k)]
+    return {
+        "area": paired_interval(many["psnr_mean_per_image"], few["psnr_mean_per_image"]),
+        "final": paired_interval(many["psnr_per_image"], few["psnr_per_image"]),
+    }
+
+
+def fig5_gains(rows: Sequence[dict]) -> dict[str, PairedGap]:
+    """Figure 5: the layer-drop attack on a Soteria-defended layer, on the same images.
+
+    ``"drop over direct"``: with ``fc1`` defended, dropping it beats attacking
+    the defended gradient directly; ``"fc2 over fc1"``: defending the smaller
+    ``fc2`` instead (Fig. 5d) leaves the attack even better off.
+    """
+    per = {(r["defended"], r["attack"]): r["psnr_per_image"] for r in rows}
+    return {
+        "drop over direct": paired_interval(per["fc1", "layer-drop"], per["fc1", "direct"]),
+        "fc2 over fc1": paired_interval(per["fc2", "layer-drop"], per["fc1", "layer-drop"]),
+    }
+
+
+def fig5_chosen(rows: Sequence[dict]) -> set[str]:
+    """The layers the attack that does not know the defended one chose (Fig. 5's claim: ``fc1``)."""
+    return {
+        layer
+        for r in rows
+        if (r["defended"], r["attack"]) == ("fc1", "layer-drop, layer unknown")
+        for layer in r["chosen"]
+    }
+
+
+def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
+    """Figure 2 (Soteria): leakage falls with training, and early on layer-drop beats direct.
+
+    ``"falls"`` compares the layer-drop attack at the first and the last
+    training step; ``"beats at step s"``, for every step up to Fig. 3's
+    ``fig3_step``, the layer-drop attack against the direct one.
+    """
+    per = {(r["defense"], r["step"]): r["psnr_per_image"] for r in rows}
+    steps = sorted({r["step"] for r in rows})
+    gains = {"falls": paired_interval(per["soteria", steps[0]], per["soteria", steps[-1]])}
+    for s in (s for s in steps if s <= fig3_step):
+        direct = per["soteria (direct attack)", s]
+        gains[f"beats at step {s}"] = paired_interval(per["soteria", s], direct)
+    return gains
