@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv book test lint unit chapters clean
+.PHONY: venv book test lint unit chapters offline-check clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,10 +16,30 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# The site reads offline: MathJax comes from the sphinx-mathjax-offline package (requirements.txt),
+# and the two scripts that render widget cells, RequireJS and the ipywidgets HTML manager, are
+# fetched by name and pinned version from the npm registry into _static/widgets (git-ignored) and
+# joined into widgets.js (tools/widgets-paths.js between them), instead of being loaded from
+# CDNs (`nb_ipywidgets_js` in _config.yml).
+WIDGETS := _static/widgets
+WIDGET_JS := requirejs@2.3.8 @jupyter-widgets/html-manager@1.0.15
+
+$(WIDGETS)/.fetched: Makefile tools/widgets-paths.js
+	rm -rf $(WIDGETS) && mkdir -p $(WIDGETS)/pack
+	cd $(WIDGETS)/pack && npm pack --silent $(WIDGET_JS) >/dev/null
+	tar -xzf $(WIDGETS)/pack/requirejs-*.tgz -C $(WIDGETS)/pack package/require.js
+	tar -xzf $(WIDGETS)/pack/jupyter-widgets-html-manager-*.tgz -C $(WIDGETS)/pack package/dist
+	cat $(WIDGETS)/pack/package/require.js tools/widgets-paths.js \
+	    $(WIDGETS)/pack/package/dist/embed-amd.js > $(WIDGETS)/widgets.js
+	mv $(WIDGETS)/pack/package/dist/*.woff* $(WIDGETS)/pack/package/dist/*.ttf $(WIDGETS)/
+	mv $(WIDGETS)/pack/package/dist/*.eot $(WIDGETS)/pack/package/dist/*.svg $(WIDGETS)/
+	rm -rf $(WIDGETS)/pack
+	touch $@
+
 # Executes every chapter once (afresh: the cache of an earlier build is dropped, since it keys
 # on the notebooks' code, not on the library's) and builds the site; the executed notebooks
 # stay in _build/.jupyter_cache, where the chapter tests read them.
-book: $(STAMP)
+book: $(STAMP) $(WIDGETS)/.fetched
 	rm -rf _build/.jupyter_cache
 	$(BIN)/jupyter-book build . -W --keep-going
 
@@ -38,5 +58,12 @@ chapters: $(STAMP)
 # every chapter once), then the chapter tests on those executed notebooks.
 test: lint unit book chapters
 
+# Opens every page of the built site in headless Chromium with every host but this machine
+# unreachable, and fails on raw TeX or a widget cell that did not render (tools/check_offline.py;
+# needs `chromium`, e.g. `apt-get install chromium`). Screenshots go to $(SHOTS) (SHOTS= for none).
+SHOTS ?= _build/offline
+offline-check: $(STAMP)
+	$(BIN)/python tools/check_offline.py _build/html $(if $(SHOTS),--screenshots $(SHOTS))
+
 clean:
-	rm -rf _build
+	rm -rf _build $(WIDGETS)
