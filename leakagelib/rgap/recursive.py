@@ -304,6 +304,14 @@ def _label_list(labels: Tensor | Sequence[int | float] | None, n: int) -> list:
     return list(labels)
 
 
+def _check_choices(solver: str, mu_fit: str) -> None:
+    """Raise ``ValueError`` naming an unknown ``solver`` or ``mu_fit``."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
+    if mu_fit not in MU_FITS:
+        raise ValueError(f"unknown mu_fit {mu_fit!r}; use one of {MU_FITS}")
+
+
 def rgap(
     model: nn.Module,
     updates: Update,
@@ -327,10 +335,8 @@ def rgap(
     ``labels=None`` to recover each from its update's last layer (see
     :func:`~leakagelib.rgap.last_layer.ce_last_layer`). ``mu`` (logistic
     only) skips the root-finding for every update (e.g. to follow one root
-    only). ``mu_fit``: "exact" (every root of step 1's equation, to machine
-    precision) or "adam" (logistic only: the one μ that the authors' 30,000
-    float32 Adam steps reach, :func:`~leakagelib.rgap.mu.mu_adam`; their
-    reference implementation's error). ``diagnostics`` adds each layer's rank and condition number (a
+    only). ``mu_fit``: "exact" (every root, to machine precision) or "adam" (the
+    authors' float32 Adam fit, :func:`~leakagelib.rgap.mu.mu_adam`). ``diagnostics`` adds each layer's rank and condition number (a
     dense n×n Gram matrix: small nets). ``fc_weight_constraints=False`` uses
     only the gradient constraints in fully connected layers, as the authors'
     code does (Appendix F's batch case). ``solver``: "auto" (the fastest exact
@@ -345,18 +351,14 @@ def rgap(
     label each update used, ``details`` one :class:`RGAPDetails` per update
     (per-layer reports and rank certificates, every μ-root's candidate, seconds).
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
-    if mu_fit not in MU_FITS:
-        raise ValueError(f"unknown mu_fit {mu_fit!r}; use one of {MU_FITS}")
+    _check_choices(solver, mu_fit)
     n = check_update(model, updates, stacked=True)
     per_update = _label_list(labels, n)
     stages, loss = _chain(model, input_shape, loss)
     params = {name: p for name, p in model.named_parameters()}
     step1 = {"in_shape": input_shape, "loss": loss, "mu": mu, "mu_fit": mu_fit}
-    recursion = dict(
-        solver=solver, diagnostics=diagnostics, fc_weight_constraints=fc_weight_constraints
-    )
+    recursion = dict(solver=solver, diagnostics=diagnostics)
+    recursion["fc_weight_constraints"] = fc_weight_constraints
     details = [
         _attack_one(
             stages, params, {k: v[i] for k, v in updates.items()}, label, **step1, **recursion
