@@ -28,7 +28,7 @@ from leakagelib.rgap.constraints import (
     padding_matrix,
     weight_matrix,
 )
-from leakagelib.rgap.mu import C_MIN, MU_STAR, mu_dl_dmu, mu_roots
+from leakagelib.rgap.mu import ADAM_LR, C_MIN, MU_STAR, mu_adam, mu_dl_dmu, mu_roots
 from leakagelib.rgap.rank import rank_analysis
 from leakagelib.rgap.recursive import RGAPDetails, rgap
 from leakagelib.rgap.solve import exact_rank
@@ -143,6 +143,32 @@ def test_mu_roots_edge_cases():
         mu_roots(-0.3)
     with pytest.raises(ValueError, match="finite"):
         mu_roots(float("nan"))
+
+
+@pytest.mark.parametrize("mu", [-2.0, -1e-3, 0.5])
+def test_mu_adam_steps_as_torch_adam_on_the_authors_loss(mu):
+    """:func:`mu_adam` is the authors' float32 ``torch.optim.Adam`` loop (lr 0.01, from 0)."""
+    c = mu_dl_dmu(mu)
+    u = torch.zeros((), requires_grad=True)
+    optimiser = torch.optim.Adam([u], lr=ADAM_LR)
+    for steps in (1, 10, 500):
+        while optimiser.state.get(u, {}).get("step", 0) < steps:
+            optimiser.zero_grad()
+            nn.MSELoss()(-u / (1 + torch.exp(u)), torch.tensor(c)).backward()
+            optimiser.step()
+        assert mu_adam(c, steps=steps) == pytest.approx(u.item(), abs=1e-6)
+    assert abs(mu_adam(c) - mu) < 1e-2 * max(1.0, abs(mu))  # 30,000 steps: near, not at, the root
+
+
+def test_rgap_reference_mu_fit_is_the_adam_one(cnn6_case):
+    model, x, y, update = cnn6_case
+    exact = _rgap_one(model, update, y, SHAPE)
+    fitted = _rgap_one(model, update, y, SHAPE, mu_fit="adam")
+    c = float((update["fc.weight"] * model.fc.weight.detach()).sum())
+    assert fitted.mus == (mu_adam(c),) and fitted.mu != exact.mu
+    assert float(((fitted.image - x) ** 2).mean()) < 1e-6
+    with pytest.raises(ValueError, match="mu_fit"):
+        _rgap_one(model, update, y, SHAPE, mu_fit="sgd")
 
 
 def test_equation_10_holds(cnn6_case):

@@ -131,12 +131,17 @@ def appg_noise(ctx: Context) -> list[dict]:
     deviation relative to each layer's gradient RMS), mse (mean over images).
     MNIST-sized inputs; the structured solver averages the noise over each
     layer's gradient rows, of which a wider layer has more. One unit per model.
+
+    The networks are initialised as the authors' code does for this study:
+    every weight from N(0, 0.01²) (JunyiZhu-AI/R-GAP, ``utils/utils.py``,
+    ``weight_init``: "Apply this when study the effect of adding noise";
+    ``init="normal"`` of :mod:`leakagelib.models.rgap_nets`).
     """
     shape = DATASETS["mnist"]
     x = victims(ctx, "mnist", ctx.config.victims)
 
     def unit(name: str) -> list[dict]:
-        model = stack_model(ctx, shape, ARCHITECTURES[name], name)
+        model = stack_model(ctx, shape, ARCHITECTURES[name], name, init="normal")
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         gen = ctx.generator(2)
         rows = []

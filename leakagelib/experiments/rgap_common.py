@@ -90,11 +90,14 @@ def zoo_model(ctx: Context, name: str, in_shape: tuple[int, int, int], **options
 
 
 def stack_model(
-    ctx: Context, in_shape: tuple[int, int, int], layers: tuple, name: str
+    ctx: Context, in_shape: tuple[int, int, int], layers: tuple, name: str, init: str = "default"
 ) -> nn.Module:
-    """A one-logit chain of ``layers`` (:func:`~leakagelib.models.rgap_nets.conv_stack`), seeded, float64."""
+    """A one-logit chain of ``layers`` (:func:`~leakagelib.models.rgap_nets.conv_stack`), seeded, float64.
+
+    ``init`` as :func:`~leakagelib.models.rgap_nets.conv_stack`'s ("normal": N(0, 0.01²)).
+    """
     torch.manual_seed(ctx.seed)
-    return conv_stack(in_shape, 1, layers, name=name).double().to(ctx.device)
+    return conv_stack(in_shape, 1, layers, name=name, init=init).double().to(ctx.device)
 
 
 def victims(ctx: Context, dataset: str, n: int) -> Tensor:

@@ -22,7 +22,12 @@ from .constraints import ConvGeometry
 __all__ = ["ACTIVATIONS", "Stage", "chain_of", "inverse"]
 
 #: Activations R-GAP can invert element-wise (monotonic; ReLU only where positive).
-ACTIVATIONS = (nn.LeakyReLU, nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Identity)
+ACTIVATIONS = (nn.LeakyReLU, nn.ReLU, nn.Sigmoid, nn.Tanh)
+
+#: Modules that are the identity on R-GAP's path and are skipped: dropout at evaluation,
+#: the zoo's shape check, and ``nn.Identity`` (e.g. the zoo ``mlp``'s ``norm=None`` slot,
+#: or the identity "activation" after the authors' last layer).
+_SKIPPED = (nn.Dropout, nn.Dropout2d, InputCheck, nn.Identity)
 
 
 @dataclass
@@ -87,12 +92,11 @@ def chain_of(model: nn.Module, in_shape: tuple[int, int, int]) -> list[Stage]:
                 x = module(x)
             elif isinstance(module, nn.Flatten):
                 x = module(x)
-            elif isinstance(module, (nn.Dropout, nn.Dropout2d, InputCheck)):
-                continue  # identities (dropout at evaluation, the zoo's shape check)
-            else:
+            elif not isinstance(module, _SKIPPED):
                 raise TypeError(
-                    f"module {name!r} ({type(module).__name__}) is not part of a plain chain of "
-                    "Conv2d/Linear layers and element-wise activations"
+                    f"R-GAP cannot attack this model: module {name!r} ({type(module).__name__}) "
+                    "is not part of a plain chain of Conv2d/Linear layers and invertible "
+                    "element-wise activations (LeakyReLU, ReLU, Sigmoid, Tanh)"
                 )
     if not stages:
         raise TypeError("the model has no Conv2d or Linear layer")

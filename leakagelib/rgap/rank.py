@@ -11,7 +11,7 @@ and forms the rank analysis index RA-i_i = ``|x_i|`` − ``|W_i|`` − ``|z_i|``
 network's RA-i is the largest over layers; that layer is the *critical* one.
 Positive RA-i means no attack can recover the input fully.
 
-:func:`rank_analysis` introspects any zoo model — no hand-written tables:
+:func:`rank_analysis` introspects the zoo's models — no hand-written tables:
 convolutions and linear layers count as above, parameter-free pooling is
 skipped like the paper's figures do (or, on request, counted as a layer without
 gradient constraints), element-wise modules (activations,
@@ -19,6 +19,12 @@ normalisation) are skipped, and a residual block follows Appendix D: with its
 skip connection it is one unit whose input is the block's input, whose weight
 constraints are its output, and whose gradient constraints are those of its
 last convolution (plus the shortcut's); with the skip cut it is two plain layers.
+Two kinds of module fall outside the analysis and raise a ``TypeError`` naming
+the module and the reason, before any forward pass: self-attention (``vit-small``:
+softmax(QKᵀ)V multiplies the input with itself, so its constraints are not
+linear in the layer's input, which the counting assumes) and the variational
+bottlenecks PRECODE and CVB (they sample a random latent, so what follows them
+is no deterministic function of the input).
 
 ``exact=True`` adds, for the plain chains R-GAP attacks, the numerical rank of
 each layer's own stacked constraints [W; K] on a live update — what R-GAP can
@@ -35,9 +41,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..defenses.bottlenecks import VariationalBottleneck
 from ..gradients import loss_function
 from ..models.resnet import BasicBlock
 from ..models.staging import InputCheck
+from ..models.vit import Attention
 from .chain import chain_of
 from .constraints import gradient_block, weight_matrix
 from .solve import gram_lstsq, split_gradient, weight_only_solve
@@ -156,6 +164,32 @@ def _shapes(model: nn.Module, in_shape: tuple[int, int, int]) -> dict[int, tuple
     return sizes
 
 
+#: Modules outside the counting of §4, with the reason (module docstring).
+_OUTSIDE: tuple[tuple[type, str], ...] = (
+    (
+        Attention,
+        "self-attention multiplies its input with itself (softmax(QKᵀ)V), so its "
+        "constraints are not linear in the layer's input as the counting of §4 assumes",
+    ),
+    (
+        VariationalBottleneck,
+        "a variational bottleneck samples a random latent, so the layers after it see no "
+        "deterministic function of the input to count constraints on",
+    ),
+)
+
+
+def _check_countable(model: nn.Module) -> None:
+    """Raise ``TypeError`` naming the first module the analysis cannot count, and why."""
+    for name, module in model.named_modules():
+        for kind, reason in _OUTSIDE:
+            if isinstance(module, kind):
+                raise TypeError(
+                    f"rank analysis cannot count module {name!r} ({type(module).__name__}): "
+                    f"{reason}"
+                )
+
+
 def _n_weights(module: nn.Module) -> int:
     return int(module.weight.numel())
 
@@ -206,8 +240,10 @@ def rank_analysis(
     layer's rank on the update of ``image`` (default: a seeded uniform image)
     with the logistic loss and label ``label``. ``pooling=True`` also counts
     parameter-free pooling as a layer (``|W|`` = 0); the paper's figures count only
-    layers with weights, which is the default.
+    layers with weights, which is the default. Raises ``TypeError`` for
+    self-attention and variational bottlenecks (module docstring).
     """
+    _check_countable(model)
     sizes = _shapes(model, in_shape)
     counts: list[LayerCount] = []
     _count(model, "", sizes, counts, pooling)

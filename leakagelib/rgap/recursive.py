@@ -17,6 +17,8 @@ Everything runs in float64 on the untrained network. When μ is not unique
 (c ∈ (C_MIN, 0)) both roots are followed: one gives the real image, the other
 its *twin* (Appendix B), which produces exactly the same update. Chapter
 "Closed-form attacks" derives each step; "Twin data" uses the two roots.
+``mu_fit="adam"`` replaces the exact root by the authors' Adam fit in float32
+(:func:`~leakagelib.rgap.mu.mu_adam`), the "reference" mode of Tables 1–2.
 
 **Cross-entropy with a recovered label.** For K classes only step 1 changes —
 finding k_d and z_d, the label read off the gradient —, see
@@ -42,9 +44,13 @@ from .constraints import (
     weight_matrix,
 )
 from .last_layer import LOSSES, Start, ce_last_layer, logistic_starts, margin, signed_label
+from .mu import mu_adam
 from .solve import SOLVERS, exact_rank, solve_layer
 
-__all__ = ["SOLVERS", "LayerReport", "RGAPDetails", "rgap", "select_candidate"]
+#: How step 1 finds μ: exactly (root-finding, float64) or as the authors' code (Adam, float32).
+MU_FITS = ("exact", "adam")
+
+__all__ = ["MU_FITS", "SOLVERS", "LayerReport", "RGAPDetails", "rgap", "select_candidate"]
 
 
 @dataclass
@@ -207,8 +213,12 @@ def _starts(
     label: int | float | Tensor | None,
     loss: str,
     mu: float | None,
+    mu_fit: str = "exact",
 ) -> tuple[int | float, list[Start]]:
-    """Step 1 (:mod:`.last_layer`): the label used and every (μ, z_d, k_d) that fits."""
+    """Step 1 (:mod:`.last_layer`): the label used and every (μ, z_d, k_d) that fits.
+
+    ``mu_fit="adam"`` (logistic loss) takes the one μ the authors' Adam fit reaches.
+    """
     weight = _numpy(params[last.weight_key])
     grad_weight = _numpy(update[last.weight_key])
     if loss == "logistic":
@@ -218,9 +228,11 @@ def _starts(
         c = float(np.sum(grad_weight * weight))
         if last.bias_key is not None:
             c += float(np.sum(_numpy(update[last.bias_key]) * _numpy(params[last.bias_key])))
+        if mu is None and mu_fit == "adam":
+            mu = mu_adam(c)
         return y, logistic_starts(c, y, mu)
-    if mu is not None:
-        raise ValueError("mu applies to the logistic loss only")
+    if mu is not None or mu_fit != "exact":
+        raise ValueError("mu and mu_fit apply to the logistic loss only")
     if label is not None:
         label = int(label.item() if isinstance(label, Tensor) else label)
     has_bias = last.bias_key is not None
@@ -243,6 +255,7 @@ def _attack_one(
     in_shape: tuple[int, int, int],
     loss: str,
     mu: float | None,
+    mu_fit: str,
     **recursion: Any,
 ) -> RGAPDetails:
     """R-GAP on one single-image update: step 1, then the recursion from every start.
@@ -251,7 +264,7 @@ def _attack_one(
     ``fc_weight_constraints``.
     """
     start = time.perf_counter()
-    y, starts = _starts(stages[-1], params, update, label, loss, mu)
+    y, starts = _starts(stages[-1], params, update, label, loss, mu, mu_fit)
     candidates: list[Tensor] = []
     reports: list[list[LayerReport]] = []
     for _, out, k in starts:
@@ -291,6 +304,14 @@ def _label_list(labels: Tensor | Sequence[int | float] | None, n: int) -> list:
     return list(labels)
 
 
+def _check_choices(solver: str, mu_fit: str) -> None:
+    """Raise ``ValueError`` naming an unknown ``solver`` or ``mu_fit``."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
+    if mu_fit not in MU_FITS:
+        raise ValueError(f"unknown mu_fit {mu_fit!r}; use one of {MU_FITS}")
+
+
 def rgap(
     model: nn.Module,
     updates: Update,
@@ -299,6 +320,7 @@ def rgap(
     input_shape: tuple[int, int, int],
     loss: str | None = None,
     mu: float | None = None,
+    mu_fit: str = "exact",
     solver: str = "auto",
     diagnostics: bool = False,
     fc_weight_constraints: bool = True,
@@ -313,7 +335,8 @@ def rgap(
     ``labels=None`` to recover each from its update's last layer (see
     :func:`~leakagelib.rgap.last_layer.ce_last_layer`). ``mu`` (logistic
     only) skips the root-finding for every update (e.g. to follow one root
-    only). ``diagnostics`` adds each layer's rank and condition number (a
+    only). ``mu_fit``: "exact" (every root, to machine precision) or "adam" (the
+    authors' float32 Adam fit, :func:`~leakagelib.rgap.mu.mu_adam`). ``diagnostics`` adds each layer's rank and condition number (a
     dense n×n Gram matrix: small nets). ``fc_weight_constraints=False`` uses
     only the gradient constraints in fully connected layers, as the authors'
     code does (Appendix F's batch case). ``solver``: "auto" (the fastest exact
@@ -328,16 +351,14 @@ def rgap(
     label each update used, ``details`` one :class:`RGAPDetails` per update
     (per-layer reports and rank certificates, every μ-root's candidate, seconds).
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; use one of {SOLVERS}")
+    _check_choices(solver, mu_fit)
     n = check_update(model, updates, stacked=True)
     per_update = _label_list(labels, n)
     stages, loss = _chain(model, input_shape, loss)
     params = {name: p for name, p in model.named_parameters()}
-    step1 = {"in_shape": input_shape, "loss": loss, "mu": mu}
-    recursion = dict(
-        solver=solver, diagnostics=diagnostics, fc_weight_constraints=fc_weight_constraints
-    )
+    step1 = {"in_shape": input_shape, "loss": loss, "mu": mu, "mu_fit": mu_fit}
+    recursion = dict(solver=solver, diagnostics=diagnostics)
+    recursion["fc_weight_constraints"] = fc_weight_constraints
     details = [
         _attack_one(
             stages, params, {k: v[i] for k, v in updates.items()}, label, **step1, **recursion
