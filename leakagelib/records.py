@@ -86,13 +86,17 @@ def write_json_atomically(value: Any, path: str | os.PathLike) -> Path:
     """Write ``value`` as JSON to ``path`` atomically (temporary file, fsync, then rename).
 
     An interrupted write never leaves a half-written file behind, and an
-    existing file is only replaced by a complete new one.
+    existing file is only replaced by a complete new one. The file gets the
+    permissions an ordinary new file would (``mkstemp`` alone makes it private).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_jsonable(value), indent=1, allow_nan=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "w") as fh:
             fh.write(text + "\n")
             fh.flush()

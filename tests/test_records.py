@@ -102,3 +102,16 @@ def test_an_experiment_can_refine_the_data_account():
     assert record["data"]["mnist"] == "digits (8×8)"
     assert record["data"]["cifar10"] == "patches"
     assert record["curves"] == [1, 2]
+
+
+def test_a_record_gets_the_permissions_of_an_ordinary_new_file(tmp_path):
+    import os
+
+    from leakagelib.records import write_json_atomically
+
+    umask = os.umask(0o022)
+    try:
+        path = write_json_atomically({"rows": []}, tmp_path / "r.json")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644
