@@ -15,7 +15,7 @@ run a *reference* R-GAP as the authors' code (JunyiZhu-AI/R-GAP, ``main.py``,
 paper's R-GAP error (1e-2 on CIFAR-10 CNN6, Table 1) comes from that
 arithmetic. Measured on three real CIFAR-10 test images (seed 0), CNN6:
 exact MSE 1e-20–1e-17, reference 1e-9–5e-9 — from the float32 gradient; the
-Adam fit, though its μ is off by up to 11 % at |μ| ≈ 1e-3, adds little —,
+Adam fit, though its μ is off by up to 11 % at ``|μ|`` ≈ 1e-3, adds little —,
 so neither explains the paper's 1e-2 there.
 """
 

@@ -92,7 +92,7 @@ def mu_adam(c: float, *, steps: int = ADAM_STEPS, lr: float = ADAM_LR) -> float:
     and the gradient of (-μ/(1 + e^μ) − c)² written out in float32 scalars:
     the same arithmetic as the authors' loop, about 100× faster than stepping
     a one-element tensor. It stops where Adam's last step leaves it — about
-    1e-5 from the root for |μ| of a few units — so R-GAP started from it is
+    1e-5 from the root for ``|μ|`` of a few units — so R-GAP started from it is
     the authors' R-GAP, not the exact one. For c < 0 it finds the root its
     descent from 0 reaches (the one nearer 0 when the twin exists).
     """
