@@ -3,7 +3,8 @@
 A record is ``{"experiment": ID, "scale": "ci"|"paper", "rows": [...],
 "provenance": {...}}`` plus any extra series an experiment returns (see
 :mod:`leakagelib.experiments.registry`). Paper-scale records live in
-``results/``; the chapters read them with :func:`read_record`.
+``results/``, which ships with the library; the chapters read them with
+:func:`paper_record` from :func:`default_results_dir`.
 """
 
 from __future__ import annotations
@@ -133,8 +134,34 @@ def read_record(path: str | os.PathLike) -> dict[str, Any]:
     return record
 
 
-#: The repository's folder of paper-scale records (present in a checkout, absent in a wheel).
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+#: The paper-scale records inside an installed library: ``results/`` ships as the package data
+#: ``leakagelib.results`` (``pyproject.toml``), so a non-editable install, Colab's included, has them.
+PACKAGED_RESULTS = Path(__file__).resolve().parent / "results"
+
+#: The repository root when this module runs from a checkout (an editable install).
+_CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def default_results_dir() -> Path:
+    """The folder of paper-scale records that the chapters and :func:`paper_record` read.
+
+    In an installed library (``pip install``, also from git on Colab) that is
+    the copy of ``results/`` shipped inside it (:data:`PACKAGED_RESULTS`); in
+    a checkout, where the library is imported from the source tree, the
+    repository's own ``results/``, so a record just written there shows at
+    once. Every chapter reads records through this one function (via
+    :func:`paper_record` and :func:`leakagelib.reporting.compare`), never by a
+    path of its own.
+    """
+    if PACKAGED_RESULTS.is_dir():
+        return PACKAGED_RESULTS
+    if (_CHECKOUT / "pyproject.toml").is_file():
+        return _CHECKOUT / "results"
+    return PACKAGED_RESULTS
+
+
+#: :func:`default_results_dir` as found at import time (kept for code that reads the constant).
+RESULTS_DIR = default_results_dir()
 
 
 def record_filename(experiment_id: str) -> str:
@@ -143,10 +170,11 @@ def record_filename(experiment_id: str) -> str:
 
 
 def paper_record(experiment_id: str, results_dir: str | os.PathLike | None = None) -> dict | None:
-    """The paper-scale record of ``experiment_id`` from ``results/``, or ``None`` if there is none.
+    """The paper-scale record of ``experiment_id``, or ``None`` if there is none.
 
+    Read from ``results_dir``, by default :func:`default_results_dir`.
     Chapters show it beside the paper's numbers and their own ci-scale run; a
     record that exists but is malformed raises (see :func:`read_record`).
     """
-    path = Path(results_dir or RESULTS_DIR) / record_filename(experiment_id)
+    path = Path(results_dir or default_results_dir()) / record_filename(experiment_id)
     return read_record(path) if path.exists() else None

@@ -1,0 +1,181 @@
+"""The book's own Sphinx extensions (book/_ext) and the pages they generate.
+
+The reproduction index lists every registered experiment with its paper,
+chapter and record; the bibliography lists the cited works only, labelled
+author–year as the text cites them; the status page states the build's
+versions, hardware and commit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import re
+from pathlib import Path
+
+import pytest
+
+from leakagelib import experiments, records
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"book_ext_{name}", BOOK / "_ext" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reproduction = _load("reproduction")
+bibstyle = _load("bibstyle")
+provenance = _load("provenance")
+
+CHAPTERS = {f"book/{p.stem}": p for p in sorted(BOOK.glob("*.ipynb"))}
+
+
+def _row_of(lines: list[str], exp_id: str) -> list[str]:
+    rows = [line for line in lines if line.startswith(f"| `{exp_id}` |")]
+    assert len(rows) == 1, f"{exp_id}: {len(rows)} rows"
+    return [c.strip() for c in rows[0].strip("|").split(" | ")]
+
+
+def test_every_registered_experiment_has_one_row_in_the_index():
+    lines = reproduction.index_lines(CHAPTERS)
+    assert len(lines) == 2 + len(experiments.available())
+    for exp_id in experiments.available():
+        row = _row_of(lines, exp_id)
+        assert len(row) == 7, row
+        assert row[1] == f"{{cite:t}}`{reproduction.paper_key(exp_id)}`"
+
+
+def test_the_index_reads_each_status_from_the_records():
+    lines = reproduction.index_lines(CHAPTERS)
+    for exp_id in experiments.available():
+        record = records.paper_record(exp_id)
+        _, _, _, _, status, time, device = _row_of(lines, exp_id)
+        if record is None:
+            assert (status, time, device) == ("record pending", "—", "—")
+        else:
+            assert status == f"{record['scale']}-scale record (below)"
+            assert record["provenance"]["device"] in device
+            assert time != "—"
+
+
+def test_every_experiment_is_run_by_a_chapter_of_the_book():
+    running = reproduction.running_chapters(CHAPTERS)
+    assert set(running) == set(experiments.available())
+    assert not [exp_id for exp_id, docs in running.items() if not docs]
+
+
+def test_commands_and_records_sections_cover_the_registry():
+    commands = reproduction.commands_lines()
+    for exp_id in experiments.available():
+        row = _row_of(commands, exp_id)
+        assert row[1] == f"`python -m leakagelib reproduce {exp_id} --scale ci`"
+        assert f"--out results/{records.record_filename(exp_id)}`" in row[2]
+    dropdowns = [line for line in reproduction.records_lines() if line.startswith(":::{dropdown}")]
+    recorded = [i for i in experiments.available() if records.paper_record(i) is not None]
+    assert len(dropdowns) == len(recorded)
+    assert all(f"`{i}`" in d for i, d in zip(recorded, dropdowns, strict=True))
+
+
+def test_a_record_with_paper_rows_is_joined_with_them():
+    record = {
+        "experiment": "rgap/table2-lenet",
+        "scale": "paper",
+        "rows": [{"model": "lenet", "cond_conv1": 1.0, "mse_dlg": 2.0}],
+        "provenance": {"device": "cpu", "wall_seconds": 3.0, "seed": 0, "commit": "abc"},
+    }
+    exp = experiments.get("rgap/table2-lenet")
+    [(_, table)] = reproduction.side_by_side(exp, record)
+    lenet = next(r for r in table.rows if r["model"] == "lenet")
+    assert lenet["mse_dlg (record)"] == 2.0
+    assert (
+        lenet["mse_dlg (paper)"]
+        == next(r for r in exp.reference if r["model"] == "lenet")["mse_dlg"]
+    )
+    assert not [c for c in table.columns if c.endswith("(this run)")]
+
+
+def test_a_record_whose_rows_share_names_is_shown_whole():
+    record = {"rows": [{"start": "ray", "t": 0.5}, {"start": "ray", "t": 1.5}]}
+    exp = experiments.get("rgap/twin-dlg")
+    tables = reproduction.side_by_side(exp, record)
+    assert [t.rows for _, t in tables] == [record["rows"]]
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        ("Bayes paper Table 2: PSNR of the Bayes attack.", "Table 2"),
+        ("CVB Table VII: accuracy of an MLP.", "Table VII"),
+        ("Appendix B, Figure 5 (right): DLG converges.", "Appendix B, Figure 5 (right)"),
+        ("PRECODE on an MLP broken exactly (Bayes paper §5–6).", "§5–6"),
+        ("Closed-form recovery of each image (Phong et al.).", "—"),
+    ],
+)
+def test_the_table_or_figure_is_read_from_the_summary(summary, expected):
+    assert reproduction.where(summary) == expected
+
+
+def test_an_experiment_outside_the_papers_namespaces_fails_the_build():
+    from sphinx.errors import ExtensionError
+
+    with pytest.raises(ExtensionError, match="names no paper"):
+        reproduction.paper_key("elsewhere/table1")
+
+
+def _bib_entries():
+    from pybtex.database import parse_file
+
+    return parse_file(str(BOOK / "references.bib")).entries
+
+
+def test_bibliography_labels_are_author_year():
+    entries = _bib_entries()
+    labels = dict(
+        zip(entries, bibstyle.AuthorYearLabelStyle().format_labels(entries.values()), strict=True)
+    )
+    assert labels["balunovic2022bayesian"] == "Balunović et al. 2022"
+    assert labels["zhu2021rgap"] == "Zhu and Blaschko 2021"
+    assert labels["pedregosa2011sklearn"] == "Pedregosa et al. 2011"  # "and others"
+    assert labels["vanderwalt2014skimage"] == "van der Walt et al. 2014"
+    twice = [entries["zhu2021rgap"], entries["zhu2021rgap"]]
+    assert list(bibstyle.AuthorYearLabelStyle().format_labels(twice)) == [
+        "Zhu and Blaschko 2021a",
+        "Zhu and Blaschko 2021b",
+    ]
+
+
+def _cited_keys() -> set[str]:
+    texts = [p.read_text(encoding="utf-8") for p in BOOK.glob("*.md")]
+    for nb in BOOK.glob("*.ipynb"):
+        texts += ["".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]]
+    roles = re.findall(r"\{(?:cite|cite:[a-z]+)\}`([^`]+)`", "\n".join(texts))
+    return {key.strip() for group in roles for key in group.split(",")}
+
+
+def test_the_bibliography_lists_cited_works_only_and_every_citation_resolves():
+    text = (BOOK / "bibliography.md").read_text(encoding="utf-8")
+    assert "```{bibliography}" in text and ":all:" not in text
+    cited = _cited_keys()
+    assert cited, "the book cites nothing?"
+    assert not cited - set(_bib_entries()), "cited keys missing from references.bib"
+
+
+def test_build_provenance_states_versions_hardware_and_commit():
+    import numpy
+    import torch
+
+    import leakagelib
+
+    facts = dict(provenance.facts(ROOT))
+    assert facts["leakagelib"] == leakagelib.__version__
+    assert facts["Python"].startswith(platform.python_version())
+    assert facts["PyTorch"] == torch.__version__
+    assert facts["NumPy"] == numpy.__version__
+    assert facts["CPU"] and facts["logical CPUs"] and facts["GPU"]
+    assert re.match(r"`[0-9a-f]{40}`|unknown", facts["commit"]), facts["commit"]
