@@ -33,7 +33,15 @@ from leakagelib.attacks import (
     run_together,
 )
 from leakagelib.attacks.loop import sample_ball
-from leakagelib.attacks.search import Grid, log_beta_grid, search
+from leakagelib.attacks.optimizers import ADAM_EPS, adam_loop, annealed
+from leakagelib.attacks.search import (
+    BAYES_FACTORS,
+    HEURISTIC_FACTORS,
+    BayesGrid,
+    HeuristicGrid,
+    Tuner,
+    search,
+)
 from leakagelib.gradients import client_update, per_sample_updates, stack_updates
 
 torch.set_num_threads(1)
@@ -795,36 +803,129 @@ def test_grad_inversion_preset_runs_with_the_batchnorm_term():
 # ---------------------------------------------------------------- search
 
 
-def test_log_beta_grid_matches_the_authors_range():
-    grid = log_beta_grid()
-    assert grid[0] == 1e7 and grid[-1] >= 5e-6 and grid[-1] / 2 < 5e-6
-    assert all(math.isclose(a / b, 2.0) for a, b in zip(grid, grid[1:], strict=False))
+def test_the_tuners_stage_one_spans_the_range_of_appendix_a3():
+    """Heuristic: f = 1e7/2^k while f > 5e-6, so β = 1/f runs from A.3's 1e-7 to 1.1e5 (the
+    code's last halving passes A.3's 1e5); Bayes: f = 1000/2^k while f > 1e-4."""
+    assert len(HEURISTIC_FACTORS) == 41 and len(BAYES_FACTORS) == 24
+    betas = [Tuner().at(f).beta for f in HEURISTIC_FACTORS]
+    assert math.isclose(betas[0], 1e-7) and 1e5 < betas[-1] < 2e5
+    assert all(math.isclose(b / a, 2.0) for a, b in zip(betas, betas[1:], strict=False))
+    assert BAYES_FACTORS[0] == 1e3 and 1e-4 < BAYES_FACTORS[-1] < 2e-4
+    assert math.isclose(Tuner(scale=0.5).at(1.0).beta, 0.5), "ℓ2's ½ of the authors' distance"
+    assert Tuner().at(1.0).beta_start is None, "stages 1 and 2 keep β constant"
+
+
+def test_the_paper_grids_have_the_papers_counts_and_the_authors_values():
+    """§6: 480 combinations for the heuristic attacks, 540 for the Bayes attack."""
+    heuristic = Tuner(grid=HeuristicGrid()).around(1.0)
+    bayes = Tuner("bayes", grid=BayesGrid(), noise=0.1).around(1.0)
+    assert len(heuristic) == 480 and len(bayes) == 540
+    # heuristic: β = c/(f·m_end) annealed from c/(f·m_start), both multipliers in (1, ½, 1.5, 2)
+    ends = {round(1 / s.beta, 9) for s in heuristic}
+    starts = {round(1 / (s.beta_start or s.beta), 9) for s in heuristic}
+    assert ends == starts == {1.0, 0.5, 1.5, 2.0}
+    assert {s.weighting for s in heuristic} == {"uniform", "exponential"}
+    assert {round(s.lr, 9) for s in heuristic} == {0.5, 0.4, 0.6}
+    # Bayes: β = c ∈ {0.1, 1, 10}, start c / min(f·m·n², 1): with n = 0.1 and f = 1, 100 c / m
+    assert {s.beta for s in bayes} == {0.1, 1.0, 10.0}
+    assert {round(s.beta_start / s.beta, 6) for s in bayes} == {
+        round(100 / m, 6) for m in (1.0, 0.25, 0.5, 1.5, 2.0, 3.0)
+    }
+    assert 1.0 in {s.decay for s in bayes} and {s.weighting for s in bayes} == {"uniform"}
+    with pytest.raises(TypeError, match="BayesGrid"):
+        Tuner("bayes", grid=HeuristicGrid())
+
+
+def test_the_annealed_prior_weight_follows_the_authors_schedule():
+    """grad_attack.py: the likelihood's factor goes f_start·α^(t+1), α = (f_end/f_start)^(1/E),
+    clamped at f_end; β_t = c/f_t, and the objective is scaled by β/β_t."""
+    config = AttackConfig(steps=8, anneal_steps=4)
+    settings = [Setting(0.1, 1.0, 1e-2, beta_start=1.0), Setting(0.1, 1.0, 0.5)]
+    expected = [10 ** (-2 * min(t + 1, 4) / 4) for t in range(8)]
+    for t, want in enumerate(expected):
+        beta_t, scale = annealed(config, t, settings)
+        assert math.isclose(float(beta_t[0]), want, rel_tol=1e-6)
+        assert math.isclose(float(scale[0]), 1e-2 / want, rel_tol=1e-6)
+        assert float(beta_t[1]) == 0.5 and float(scale[1]) == 1.0
+    assert annealed(AttackConfig(), 0, [Setting(0.1, 1.0, 0.5)]) is None
+    with pytest.raises(ValueError, match="anneal_steps"):
+        annealed(AttackConfig(), 0, settings)
+    with pytest.raises(ValueError, match="beta > 0"):
+        Setting(0.1, 1.0, 0.0, beta_start=1.0)
+    with pytest.raises(ValueError, match="L-BFGS"):
+        AttackConfig(optimizer="lbfgs", anneal_steps=3)
+
+
+def test_signed_adam_is_torch_adam_on_the_gradients_sign():
+    """inversefed's signed loop: ``x.grad.sign_()`` then ``torch.optim.Adam.step()``."""
+    target = torch.randn(2, 1, 1, 1, 5)
+    x0 = torch.randn(2, 1, 1, 1, 5)
+
+    def evaluate(x, z, d, beta=None):
+        return x - target, None, 0.5 * (x - target).pow(2).sum((1, 2, 3, 4))
+
+    config = AttackConfig(steps=6, lr=0.1, decay=1.0, signed=True)
+    settings = [Setting(0.1, 1.0, 0.0), Setting(0.05, 1.0, 0.0)]
+    ours, _, _ = adam_loop(config, evaluate, x0.clone(), torch.zeros(0), settings,
+                           lambda: torch.zeros(1), lambda v: v, range(6), None)  # fmt: skip
+    for h, lr in enumerate((0.1, 0.05)):
+        ref = x0[h].clone().requires_grad_()
+        opt = torch.optim.Adam([ref], lr=lr, eps=ADAM_EPS)
+        for _ in range(6):
+            opt.zero_grad()
+            ref.grad = (ref.detach() - target[h]).sign()
+            opt.step()
+        torch.testing.assert_close(ours[h], ref.detach())
+
+
+def test_an_annealed_attack_evaluates_at_beta_t_and_scales_the_objective():
+    """The loop passes β_t to the objective and multiplies its value and gradient by β/β_t."""
+    seen = []
+
+    def evaluate(x, z, d, beta=None):
+        seen.append(beta)
+        return torch.ones_like(x), None, torch.ones(x.shape[:3])
+
+    config = AttackConfig(steps=3, anneal_steps=2, decay=1.0)
+    settings = [Setting(0.1, 1.0, 0.01, beta_start=1.0)]
+    x = torch.zeros(1, 1, 1, 1, 2)
+    _, _, history = adam_loop(config, evaluate, x, torch.zeros(0), settings,
+                              lambda: torch.zeros(1), lambda v: v, range(3), None)  # fmt: skip
+    assert [round(float(b), 6) for b in seen] == [0.1, 0.01, 0.01]
+    assert [round(h, 6) for h in history] == [0.1, 1.0, 1.0]
+
+
+def test_an_annealed_attack_with_equal_ends_is_the_constant_one():
+    net, x, y, ups = _problem(1)
+    loop = dict(prior=GaussianPrior(mean=0.5), steps=4, lr=0.1, decay=1.0)
+    attack = presets.l2(**loop).with_config(anneal_steps=2)
+    kw = dict(labels=y[:1].unsqueeze(1), input_shape=(1, 3, 3))
+    same = attack(net, ups, settings=[Setting(0.1, 1.0, 0.01, beta_start=0.01)], **kw)
+    constant = attack(net, ups, settings=[Setting(0.1, 1.0, 0.01)], **kw)
+    torch.testing.assert_close(same.inputs(), constant.inputs())
+    moved = attack(net, ups, settings=[Setting(0.1, 1.0, 0.01, beta_start=10.0)], **kw)
+    assert not torch.allclose(moved.inputs(), constant.inputs())
 
 
 def test_search_prefers_a_working_beta_over_a_crushing_one():
     net, x, y, ups = _problem(2)
     noisy = {k: v + 0.005 * torch.randn_like(v) for k, v in ups.items()}
     loop = dict(prior=GaussianPrior(mean=0.5), steps=150, lr=0.1, decay=0.99)
+    attacks = {a: f(**loop).with_config(anneal_steps=75) for a, f in (("l2", presets.l2),
+                                                                      ("l1", presets.l1))}  # fmt: skip
+    grid = HeuristicGrid(end_factors=(1.0,), start_factors=(1.0, 2.0), lr_factors=(1.0,),
+                         decays=(0.99,), weightings=("uniform",))  # fmt: skip
+    tuner = Tuner(factors=(1e-4, 1e3), refine=2, grid=grid, lr=0.1, decay=0.99)
     found = search(
-        net,
-        noisy,
-        labels=y.unsqueeze(1),
-        truth=x.unsqueeze(1),
-        denormalize=lambda t: t,
-        attacks={"l2": presets.l2(**loop), "l1": presets.l1(**loop)},
-        input_shape=(1, 3, 3),
-        betas=[1e4, 1e-3],
-        refine=2,
-        grid=Grid(
-            lr_factors=(1.0,),
-            decays=(0.99,),
-            beta_factors=(1.0,),
-            weightings=("uniform", "exponential"),
-        ),
-    )
+        net, noisy, labels=y.unsqueeze(1), truth=x.unsqueeze(1), denormalize=lambda t: t,
+        attacks=attacks, tuners={"l2": tuner, "l1": tuner}, input_shape=(1, 3, 3),
+    )  # fmt: skip
     assert found.best["l2"].beta < 1.0 and found.best["l1"].beta < 1.0
     assert {r["stage"] for r in found.rows} == {"log-beta", "linear-beta", "grid"}
     assert len(found.rows) == 2 * 2 + 2 * 2 + 2 * 2
+    with pytest.raises(KeyError, match="no tuner"):
+        search(net, noisy, labels=y.unsqueeze(1), truth=x.unsqueeze(1), denormalize=lambda t: t,
+               attacks=attacks, tuners={"l2": tuner}, input_shape=(1, 3, 3))  # fmt: skip
 
 
 def test_given_initial_points_start_the_attack_there():

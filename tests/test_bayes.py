@@ -12,7 +12,6 @@ import torch
 
 from leakagelib import data, experiments, models
 from leakagelib.attacks import Gaussian, Pruned
-from leakagelib.attacks.search import Grid, log_beta_grid
 from leakagelib.bayes_risk import SyntheticGaussian, adversarial_risk, defended
 from leakagelib.defenses import GaussianNoise, LaplaceNoise, PruneNoise
 from leakagelib.experiments import Context, ScaleConfig, bayes_scenario, build_case
@@ -107,8 +106,9 @@ def test_fig4_matched_attack_ends_closest():
 
 
 def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
-    """The paper-scale code path of Table 2 (real resolutions from .npz files, β refinement,
-    the stage-3 grid, training before the attack), with its sizes shrunk so that it runs here."""
+    """The paper-scale code path of Table 2 (real resolutions from .npz files, the authors'
+    tuners' stage-1 factors and refinement, training before the attack), with its sizes shrunk
+    so that it runs here (the grids run in test_estimate.py's search test)."""
     paths = {}
     for logical, spec in (("mnist", "digits28"), ("cifar10", "patches")):
         # 10 images: a train part of 8 (the other 2 are the file's test part)
@@ -116,8 +116,7 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
     small = shrunk(
-        "bayes/table2", "paper", victims=2, steps=2, betas=tuple(log_beta_grid()[:2]), refine=2,
-        grid=Grid(lr_factors=(1.0, 0.8), decays=(0.97,), beta_factors=(1.0,)),
+        "bayes/table2", "paper", victims=2, steps=2, anneal_steps=1, refine=2, grid=False,
         train_steps=(0, 3), defenses=("prune+lap",), attacks=("bayes", "cosine"),
     )  # fmt: skip
     ctx = Context(scale="paper", progress=False, data=paths, download=False, settings=small)
@@ -222,7 +221,7 @@ def test_tuned_attacks_run_as_one_program_on_a_case():
     attacks = bayes_scenario.table2_attacks(defense, ("bayes", "l2"), steps=3)
     assert attacks["bayes"].likelihood is not attacks["l2"].likelihood
     assert attacks["bayes"].prior is attacks["l2"].prior  # one prior object: evaluated once
-    found = bayes_scenario.tune(ctx, case, attacks, offset=0)
+    found = bayes_scenario.tune(ctx, case, attacks, offset=0, defense="prune+gauss")
     assert set(found.best) == {"bayes", "l2"}
     assert all(setting.beta in (1e-2, 1.0) for setting in found.best.values())
     psnr = bayes_scenario.attack_tuned(ctx, case, attacks, found, offset=0)

@@ -42,7 +42,8 @@ def test_every_paper_value_has_a_source(exp_id: str) -> None:
 
 
 def test_soteria_attacks_follow_the_scale() -> None:
-    """Paper: cosine, 4000 steps, lr 0.1 with step decay, TV 4e-4 (A.1); ci: Eq. 6's Gaussian."""
+    """Paper: cosine, 4000 steps, signed Adam at lr 0.1 with step decay, TV 4e-4 (A.1; inversefed's
+    signed default); ci: Eq. 6's Gaussian, unsigned."""
     for scale, direct, kind in (("paper", "cosine", Cosine), ("ci", "l2", Gaussian)):
         settings = FIG5.at(scale)
         defense = Soteria("fc1.linear", attack=settings.likelihood)
@@ -54,12 +55,14 @@ def test_soteria_attacks_follow_the_scale() -> None:
         assert (config.steps, config.lr, config.beta) == (
             settings.attack_steps, settings.attack_lr, settings.tv,
         )  # fmt: skip
-        assert config.schedule == settings.attack_schedule and config.box and not config.signed
+        assert config.schedule == settings.attack_schedule and config.box
+        assert config.signed == (scale == "paper") == settings.attack_signed
         assert isinstance(drop.likelihood, kind) and isinstance(plain.likelihood, kind)
         names = ["conv1.weight", "fc1.linear.weight", "fc1.linear.bias", "fc2.linear.weight"]
         assert drop.likelihood.layers.mask(names) == [True, False, False, True]
         assert plain.likelihood.layers.mask(names) == [True] * 4
     assert FIG5.paper["attack_steps"] == 4000 and FIG5.paper["tv"] == 4e-4
+    assert FIG2.paper["ats_signed"] and not FIG2.ci["ats_signed"]  # comm.py's 'inversed' config
     # the authors' Soteria run squares TV's differences and averages each direction
     # (defense_attacks/soteria/inversefed/metrics.py); the ci weight was tuned summed, in ℓ1
     paper, ci = (soteria_attacks(FIG5.at(s), Soteria("fc1.linear")) for s in ("paper", "ci"))

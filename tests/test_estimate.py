@@ -12,7 +12,7 @@ import torch
 
 from leakagelib import experiments, models
 from leakagelib.attacks import Gaussian, preset
-from leakagelib.attacks.search import Grid, search, stage_sizes
+from leakagelib.attacks.search import BayesGrid, HeuristicGrid, Tuner, search, stage_sizes
 from leakagelib.cli import main
 from leakagelib.data import Normalizer
 from leakagelib.experiments import build_case, estimate, registry
@@ -145,13 +145,13 @@ def test_table2_counts_the_search_the_final_attacks_and_the_training_at_paper_sc
     assert len(units) == 4, "(MNIST, CIFAR-10) × training steps (0, 500)"
     for unit, step in zip(units, (0, 500, 0, 500), strict=True):
         train = [load for load in unit if load.kind == "train"]
-        assert [(t.images, t.steps) for t in train] == ([(1, 500)] if step else [])
+        assert [(t.images, t.steps) for t in train] == ([(32, 500)] if step else [])
         attacks = [load for load in unit if load.kind == "attack"]
         assert {load.steps for load in attacks} == {200}
-        # per defense: β on 41 log values and 20 linear ones for each of the four attacks, the
-        # grid's 3 × 5 × 4 × 2 = 120 settings for each heuristic attack and 60 for Bayes (uniform
-        # weighting only), on one tuning victim; then every attack on the 100 victims
-        per_defense = 4 * (41 + 20) + 3 * 120 + 60 + 4 * 100
+        # per defense, on one tuning victim: the heuristic tuner's 41 log values, 20 linear ones
+        # and 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes tuner's 24, 20 and 540 (§6's
+        # counts); then every attack on the 100 victims
+        per_defense = 3 * (41 + 20 + 480) + (24 + 20 + 540) + 4 * 100
         assert sum(load.images for load in attacks) == 4 * per_defense
 
 
@@ -159,19 +159,23 @@ def test_search_runs_as_many_candidates_per_stage_as_counted():
     model = models.build("mlp", (1, 4, 4), 3, widths=(6,))
     images, labels = torch.rand(1, 1, 4, 4), torch.tensor([1])
     case = build_case(model, images, labels, Normalizer.identity())
-    attacks = {a: preset(a, steps=1) for a in ("l2", "cosine")}
-    attacks["bayes"] = preset("bayes", likelihood=Gaussian(sigma=1.0), steps=1)
-    grid = Grid(lr_factors=(1.0,), decays=(0.9, 0.95), beta_factors=(1.0, 2.0))
-    weightings = {"bayes": ("uniform",)}  # the grid's 4 settings × 2 weightings for l2 and cosine
+    attacks = {a: preset(a, steps=2).with_config(anneal_steps=1) for a in ("l2", "cosine")}
+    attacks["bayes"] = preset("bayes", likelihood=Gaussian(sigma=1.0), steps=2).with_config(
+        anneal_steps=1
+    )
+    small = HeuristicGrid(end_factors=(1.0, 2.0), start_factors=(1.0,), lr_factors=(1.0,),
+                          decays=(0.9, 0.95))  # fmt: skip  # 2 × 2 × 2 weightings = 8
+    tuners = {a: Tuner(factors=(1.0, 0.1, 0.01), refine=2, grid=small) for a in ("l2", "cosine")}
+    tuners["bayes"] = Tuner("bayes", factors=(10.0, 1.0), refine=2, noise=0.1,
+                            grid=BayesGrid(start_factors=(1.0, 3.0), prior_weights=(0.1,),
+                                           lr_factors=(1.0,), decays=(0.98, 1.0)))  # fmt: skip
     found = search(case.model, case.updates, labels=case.labels.unsqueeze(1),
                    truth=case.images.unsqueeze(1), denormalize=lambda x: x, attacks=attacks,
-                   input_shape=case.input_shape, betas=(1.0, 0.1, 0.01), refine=2, grid=grid,
-                   weightings=weightings)  # fmt: skip
+                   tuners=tuners, input_shape=case.input_shape)  # fmt: skip
     ran = Counter(row["stage"] for row in found.rows)
-    counted = stage_sizes(list(attacks), betas=(1.0, 0.1, 0.01), refine=2, grid=grid,
-                          weightings=weightings)  # fmt: skip
-    assert counted == dict(ran) == {"log-beta": 9, "linear-beta": 6, "grid": 8 + 8 + 4}
-    assert stage_sizes(["l2"], betas=None, refine=0) == {"log-beta": 41}
+    counted = stage_sizes(list(tuners.values()))
+    assert counted == dict(ran) == {"log-beta": 8, "linear-beta": 6, "grid": 8 + 8 + 4}
+    assert stage_sizes([Tuner(refine=0)]) == {"log-beta": 41}
 
 
 def test_paper_scale_work_is_counted_from_the_config():

@@ -51,13 +51,17 @@ class Setting:
 
     ``lr`` the initial learning rate, ``decay`` the schedule's factor, ``beta``
     the prior weight, ``weighting`` the layer weighting (``None``: the
-    likelihood's own).
+    likelihood's own). ``beta_start`` is the prior weight at the first step
+    when the config anneals it (``AttackConfig.anneal_steps``): the weight
+    then moves geometrically from ``beta_start`` to ``beta``; ``None`` keeps
+    ``beta`` throughout.
     """
 
     lr: float
     decay: float
     beta: float
     weighting: str | None = None
+    beta_start: float | None = None
 
     def __post_init__(self) -> None:
         _number("lr", self.lr, "the initial learning rate", low=0.0, low_open=True)
@@ -69,6 +73,11 @@ class Setting:
         _number("beta", self.beta, "the prior weight", low=0.0, low_open=False)
         if self.weighting is not None:
             _choice("layer weighting", self.weighting, WEIGHTINGS)
+        if self.beta_start is not None:
+            meaning = "the annealed prior weight's start, with beta > 0"
+            _number("beta_start", self.beta_start, meaning, low=0.0, low_open=True)
+            if self.beta <= 0:
+                raise ValueError(f"an annealed prior weight needs beta > 0, got {self.beta!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,9 @@ class AttackConfig:
       or ``"pattern"`` (CPL's patterned initialisation: one random
       ``pattern_size × pattern_size`` patch tiled over the image).
     * ``signed``: use the sign of the objective's gradient (Inverting Gradients).
+    * ``anneal_steps``: the steps over which the prior weight moves from each
+      setting's ``beta_start`` to its ``beta`` (0: no annealing), as the Bayes
+      authors' tuners schedule it (:func:`~leakagelib.attacks.optimizers.annealed`).
     * ``box``: clamp iterates into ``bounds`` after each step.
     * ``mc_samples`` (k) and ``delta`` (δ): Algorithm 1's Monte-Carlo samples,
       uniform in the ℓ2 ball of radius δ around the iterate.
@@ -122,6 +134,7 @@ class AttackConfig:
     pattern_size: int = 4
     restarts: int = 1
     signed: bool = False
+    anneal_steps: int = 0
     box: bool = False
     mc_samples: int = 1
     delta: float = 0.0
@@ -150,9 +163,14 @@ class AttackConfig:
         _number("init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True)
         _number("delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False)
         self._check_control()
-        if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1):
+        if isinstance(self.anneal_steps, bool) or not isinstance(self.anneal_steps, Integral):
+            raise TypeError(f"anneal_steps must be an integer >= 0, got {self.anneal_steps!r}")
+        if self.anneal_steps < 0:
+            raise ValueError(f"anneal_steps must be an integer >= 0, got {self.anneal_steps!r}")
+        if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1 or self.anneal_steps):
             raise ValueError(
-                "L-BFGS needs a deterministic objective: no signed gradients or MC samples"
+                "L-BFGS needs a deterministic objective: no signed gradients, MC samples or "
+                "annealed prior weight"
             )
         self.setting()  # validates lr, decay, beta and weighting
 

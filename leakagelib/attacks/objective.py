@@ -137,7 +137,10 @@ def _hooked(
         (p, idx) for p, idx in _groups(priors, weights.device) if not isinstance(p, Uniform)
     ]
 
-    def evaluate(x: Tensor, z: Tensor, d: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    def evaluate(
+        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        b = betas if beta is None else beta
         x = x.detach().requires_grad_()
         z = z.detach().requires_grad_() if config.optimize_labels else z
         _, N, R, k, n, *input_shape = d.shape
@@ -160,7 +163,7 @@ def _hooked(
             ts = target.index_select(0, idx).flatten(0, 2)
             value = vmap(prior.log_prob_given, randomness="different")(xs, ts)
             log_prior = log_prior.index_add(0, idx, value.reshape(len(idx), N, R * k))
-        value = -(log_lik + betas[:, None, None] * log_prior).reshape(H, N, R, k).mean(3)
+        value = -(log_lik + b[:, None, None] * log_prior).reshape(H, N, R, k).mean(3)
         wrt = [x, z] if config.optimize_labels else [x]
         grads = torch.autograd.grad(value.sum(), wrt)
         return grads[0], grads[1] if config.optimize_labels else None, value.detach()
@@ -191,8 +194,10 @@ def _vmapped(
     gradient = functional_gradient(model, loss=loss)
     f = _over_all_attacks(_one_attack(gradient, params, distinct, distinct_priors, config), config)
 
-    def evaluate(x: Tensor, z: Tensor, d: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-        out, value = f(x, z, y, observed, weights, choice, betas, d)
+    def evaluate(
+        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        out, value = f(x, z, y, observed, weights, choice, betas if beta is None else beta, d)
         gx, gz = out if config.optimize_labels else (out, None)
         return gx, gz, value
 

@@ -2,11 +2,13 @@
 
 * :func:`adam_loop` — element-wise Adam with a learning rate and schedule per
   setting (the Bayes code, Inverting Gradients), optionally on the sign of the
-  gradient, with fresh Monte-Carlo ball samples every step;
+  gradient (inversefed's ``signed``) and with an annealed prior weight
+  (:func:`annealed`, the Bayes authors' tuners), with fresh Monte-Carlo ball
+  samples every step;
 * :func:`lbfgs_loop` — ``torch.optim.LBFGS`` (DLG, iDLG, CPL) on the summed
   objectives of the batch, which do not interact.
 
-Both take ``evaluate(x, z, d)``, the batched objective and gradient built by
+Both take ``evaluate(x, z, d[, beta])``, the batched objective and gradient built by
 :func:`leakagelib.attacks.loop.run_attack`, and return the final iterates and
 the mean objective per step. Used by every optimisation attack.
 """
@@ -22,10 +24,11 @@ from torch import Tensor
 from .config import AttackConfig, Setting
 from .control import Watch
 
-__all__ = ["Evaluate", "adam_loop", "lbfgs_loop"]
+__all__ = ["Evaluate", "adam_loop", "annealed", "lbfgs_loop"]
 
-#: ``evaluate(x, z, d) -> (∂/∂x, ∂/∂z or None, objective)`` of every attack of a batch.
-Evaluate = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None, Tensor]]
+#: ``evaluate(x, z, d, beta=None) -> (∂/∂x, ∂/∂z or None, objective)`` of every attack of a
+#: batch; ``beta`` (one per setting) replaces the settings' prior weights for one call.
+Evaluate = Callable[..., tuple[Tensor, Tensor | None, Tensor]]
 
 #: Adam's moment decays and its denominator's epsilon (Kingma & Ba 2015, the defaults).
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
@@ -39,6 +42,43 @@ def _lr_factor(config: AttackConfig, step: int, decay: Tensor) -> Tensor:
         passed = sum(step >= int(config.steps * f) for f in (3 / 8, 5 / 8, 7 / 8))
         return decay**passed
     return torch.ones_like(decay)
+
+
+def annealed(
+    config: AttackConfig, step: int, settings: list[Setting], device: torch.device | None = None
+) -> tuple[Tensor, Tensor] | None:
+    """The prior weight β_t of every setting at ``step`` and the factor the objective is scaled by.
+
+    The Bayes authors' tuners (eth-sri/bayes-framework-leakage,
+    ``attacks/grad_attack.py`` lines 72–102, ``utils/flax_losses.py`` line
+    145) minimise ``f_t · D(g, ĝ) + c · TV(x)`` and move the likelihood's
+    factor ``f_t`` geometrically from ``f_start`` to ``f_end`` over
+    ``att_epochs`` steps (``f_t = f_start · α^(t+1)`` with
+    ``α = (f_end/f_start)^(1/att_epochs)``, clamped at ``f_end``), then keep
+    it for the other ``att_epochs`` steps of the run. In the prior weight of
+    Eq. 3, ``β = c/f``, that is ``β_t = β_start · (β/β_start)^(min(t+1, E)/E)``
+    with ``E = config.anneal_steps``; divided by the constant ``f_end``, their
+    objective is ``(β/β_t) · [-log p(g|x) − β_t log p(x)]``, so the factor
+    ``β/β_t`` is returned too (Adam sees it: it shrinks the steps while the
+    prior dominates). ``None`` when no setting anneals (``config.anneal_steps``
+    0 or no ``beta_start``); a setting without ``beta_start`` keeps its β.
+    """
+    starts = [s.beta_start for s in settings]
+    if all(b is None for b in starts):
+        return None
+    if config.anneal_steps == 0:
+        raise ValueError("a setting with beta_start needs AttackConfig.anneal_steps > 0")
+    beta = torch.tensor([s.beta for s in settings], dtype=torch.float64)
+    start = torch.tensor([s.beta if b is None else b for s, b in zip(settings, starts, strict=True)],
+                         dtype=torch.float64)  # fmt: skip
+    r = min(step + 1, config.anneal_steps) / config.anneal_steps
+    beta_t = start * (beta / start) ** r
+    return beta_t.float().to(device), (beta / beta_t).float().to(device)
+
+
+def _scaled(t: Tensor, factor: Tensor) -> Tensor:
+    """``t`` (leading dimension: the settings) times one ``factor`` per setting."""
+    return t * factor.reshape(-1, *([1] * (t.dim() - 1)))
 
 
 def _adam_step(
@@ -82,7 +122,13 @@ def adam_loop(
     watch = Watch(config, lrs.reshape(-1, 1, 1).expand(x.shape[:3])) if config.watched else None
     history: list[float] = []
     for t in steps:
-        gx, gz, value = evaluate(x, z, draw())
+        anneal = annealed(config, t, settings, x.device)
+        if anneal is None:
+            gx, gz, value = evaluate(x, z, draw())
+        else:  # the objective scaled per setting (:func:`annealed`)
+            gx, gz, value = evaluate(x, z, draw(), anneal[0])
+            gx, value = _scaled(gx, anneal[1]), _scaled(value, anneal[1])
+            gz = None if gz is None else _scaled(gz, anneal[1])
         history.append(float(value.detach().mean()))
         factor = _lr_factor(config, t, decays)  # per setting; ones for the plateau schedule
         lr_t = lrs * factor if watch is None else watch.lr * factor.reshape(-1, 1, 1)

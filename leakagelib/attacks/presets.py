@@ -309,6 +309,7 @@ def bayes(
     restarts: int = 1,
     mc_samples: int = 1,
     delta: float = 0.0,
+    signed: bool = False,
     include: Include = None,
 ) -> Attack:
     """The approximate Bayes-optimal adversary (Algorithm 1) for a defense's likelihood.
@@ -321,8 +322,10 @@ def bayes(
     ``TotalVariation(power=2, reduction="sum")`` (utils/measures.py: summed
     over each image, averaged over images). ``beta`` is the prior weight the paper tunes
     per attack (A.3; see :mod:`leakagelib.attacks.search`); ``mc_samples`` and
-    ``delta`` are Algorithm 1's k and δ; ``include`` restricts the likelihood
-    to some layers.
+    ``delta`` are Algorithm 1's k and δ; ``signed`` runs Adam on the
+    gradient's sign (inversefed's loop, which the Bayes authors' Soteria
+    attack runs: :mod:`leakagelib.experiments.bayes_soteria`); ``include``
+    restricts the likelihood to some layers.
     """
     config = AttackConfig(
         steps=steps,
@@ -336,6 +339,7 @@ def bayes(
         restarts=restarts,
         mc_samples=mc_samples,
         delta=delta,
+        signed=signed,
     )
     lik = restrict(likelihood, include)
     prior = prior or TotalVariation(power=2, reduction="sum")

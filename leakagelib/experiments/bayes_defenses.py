@@ -54,6 +54,7 @@ FIG2 = ScaleConfig(
         "ats_width": 8,
         "ats_attack_steps": 50,
         "ats_tv": 1e-5,
+        "ats_signed": False,
         "soteria_victims": 3,
         **SOTERIA_CI,
     },
@@ -65,6 +66,7 @@ FIG2 = ScaleConfig(
         "ats_width": 64,
         "ats_attack_steps": 2000,
         "ats_tv": 1e-5,
+        "ats_signed": True,
         "soteria_victims": 10,
         **SOTERIA_PAPER,
     },
@@ -76,6 +78,9 @@ FIG2 = ScaleConfig(
         "ats_victims": "ours (10 CIFAR-10 images per defense)",
         "ats_width": "A.2, Table 4: ConvNet of width 64",
         "ats_attack_steps": "§6: 2000 attack iterations",
+        "ats_signed": "defense_attacks/ats/benchmark/comm.py lines 194–207: the 'inversed' "
+        "config (cifar_attack.py --optim='inversed') runs inversefed with signed=True; ci: "
+        "unsigned (ours, its 50 steps)",
         "ats_tv": "§6, A.2: total variation 10⁻⁵ (defense_attacks/ats/benchmark/comm.py, "
         "config 'inversed'), in inversefed's convention (defense_attacks/ats/inversefed/"
         "metrics.py: mean absolute difference per direction), which the Inverting Gradients "
@@ -161,7 +166,8 @@ def _ats_row(
     """Fig. 2's ATS row of ``policy`` after ``step`` training steps (with Fig. 3's images)."""
     cfg = ctx.config
     trained, victims, labels, norm = scenario
-    attack = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv, signed=False)
+    attack = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv,
+                    signed=cfg.ats_signed)  # fmt: skip
     trained.model.load_state_dict(trained.snapshots[step])
     trained.model.eval()  # batch norm with running statistics: each image on its own
     case = build_case(trained.model, victims, labels, norm, device=ctx.device)

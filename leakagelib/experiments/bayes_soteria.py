@@ -82,6 +82,7 @@ SOTERIA_CI: dict[str, Any] = {
     "attack_steps": 100,
     "attack_lr": 1.0,
     "attack_schedule": "constant",
+    "attack_signed": False,
     "tv": 5e-5,
     "tv_power": 1,
     "tv_reduction": "sum",
@@ -94,6 +95,7 @@ SOTERIA_PAPER: dict[str, Any] = {
     "attack_steps": 4000,
     "attack_lr": 0.1,
     "attack_schedule": "step",
+    "attack_signed": True,
     "tv": 4e-4,
     "tv_power": 2,
     "tv_reduction": "mean",
@@ -108,6 +110,10 @@ SOTERIA_SOURCES: dict[str, str] = {
     "attack_steps": "§6: 4000 attack iterations",
     "attack_lr": "§6, A.1: Adam with a learning rate of 0.1",
     "attack_schedule": "A.1: 'with decay' (Inverting Gradients' step decay, whose code they ran)",
+    "attack_signed": "defense_attacks/soteria/reconstruct_image_set.py line 144 passes "
+    "signed=args.signed, and inversefed/options.py line 30 declares --signed store_false: "
+    "signed Adam unless switched off, and run_experiment.sh does not; ci: unsigned (ours, the "
+    "loop the ci TV weight and lr were tuned with)",
     "tv": "§6, A.1: total variation 4×10⁻⁴ (defense_attacks/soteria/run_experiment.sh: "
     "tv=0.0004), in the convention of tv_power and tv_reduction; ci: 5·10⁻⁵ tuned here for "
     "the summed ℓ1 TV (module docstring)",
@@ -215,6 +221,7 @@ def soteria_attacks(settings: Mapping[str, Any], defense: GradientDefense) -> di
     ``attack_lr``, Inverting Gradients' step decay (÷10) or a constant rate,
     box-constrained — and differ only in the likelihood: the defense's
     layer-drop likelihood (Eq. 6) or the same distance on every layer.
+    ``attack_signed`` runs Adam on the gradient's sign (inversefed's default).
     """
     prior = TotalVariation(power=settings["tv_power"], reduction=settings["tv_reduction"])
     loop = {
@@ -225,6 +232,7 @@ def soteria_attacks(settings: Mapping[str, Any], defense: GradientDefense) -> di
         "schedule": settings["attack_schedule"],
         "decay": 0.1,
         "box": True,
+        "signed": settings["attack_signed"],
     }
     return {
         "layer-drop": preset("bayes", likelihood=defense.likelihood(), **loop),

@@ -27,7 +27,14 @@ Laplace, which makes the same point; Table 5 (the same victims, MNIST after
 25 attack steps (the learning rate decays by 0.94 per step, to a fifth of its
 start by step 25, so the rest of the paper's 200 steps move little) and β on
 six powers of ten, which hold the best β of each attack on both stand-ins
-(10⁻⁵ for cosine up to 1 for Bayes).
+(10⁻⁵ for cosine up to 1 for Bayes), held constant: a reduced search, with
+neither the linear refinement, the grid nor the annealed prior weight.
+
+**paper scale.** The authors' tuners (:func:`~.bayes_scenario.tuners`):
+the heuristic one with its 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes
+one with its own 540-setting grid, the prior weight annealed over the first
+100 of 200 steps; the "step 500" network trained as the authors' training
+script does (:data:`~.bayes_scenario.SCENARIO`).
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import torch
 from torch import Tensor
 
 from ..attacks import Attack, PixelRange, Prior, TotalVariation, preset
-from ..attacks.search import Grid
 from ..defenses import GaussianNoise
 from .bayes_scenario import (
     ATTACKS,
@@ -59,18 +65,29 @@ from .registry import Context, experiment
 
 __all__ = ["FIG7", "TABLE2", "TABLE5", "fig7_mc_samples", "table2", "table5_priors"]
 
-#: ci: eight victims, 25 attack steps, β on a coarse log grid only (module docstring); paper: the
-#: authors' sizes.
-_SEARCH_CI = {"victims": 8, "tune_victims": 1, "steps": 25,
-              "betas": tuple(10.0**e for e in range(-5, 1)), "refine": 0}  # fmt: skip
-_SEARCH_PAPER = {"victims": 100, "tune_victims": 1, "steps": 200, "betas": None, "refine": 20}
+#: ci: eight victims, 25 attack steps, a constant β on a coarse log grid only (module docstring);
+#: paper: the authors' tuners (:func:`~.bayes_scenario.tuners`).
+_SEARCH_CI = {"victims": 8, "tune_victims": 1, "steps": 25, "anneal_steps": 0,
+              "betas": tuple(10.0**e for e in range(-5, 1)), "refine": 0, "grid": False}  # fmt: skip
+_SEARCH_PAPER = {"victims": 100, "tune_victims": 1, "steps": 200, "anneal_steps": 100,
+                 "betas": None, "refine": 20, "grid": True}  # fmt: skip
 _SEARCH_SOURCES = {
     "victims": "§6: 'the first 100 images of the training set'",
-    "tune_victims": "ours: A.3 does not say on how many images it tunes",
-    "steps": "the authors' scripts/run_mnist_tune.sh (eth-sri/bayes-framework-leakage)",
-    "betas": "A.3: β on a log scale; None is the search's own grid, log_beta_grid(): 10⁷ ÷ 2ᵏ "
-    "down to 5·10⁻⁶ (41 values), as the authors' tune_attacks_dp.py",
-    "refine": "A.3: β linearly in [0.5 β*, 2 β*]; 20 values as tune_attacks_dp.py",
+    "tune_victims": "ours: A.3 does not say on how many images it tunes (the authors' tuners "
+    "score one, n_attack = 1, tune_attacks_dp.py line 247)",
+    "steps": "the authors' scripts/run_mnist_tune.sh: --att_epochs 100, run twice over "
+    "(attacks/grad_attack.py line 100: 2 · att_epochs steps)",
+    "anneal_steps": "attacks/grad_attack.py lines 72–102: the likelihood's factor anneals over "
+    "att_epochs = 100 steps, then stays; ci: 0 (its constant-β search anneals nothing)",
+    "betas": "A.3: β on a log scale in [1e-7, 1e5]; None: the authors' tuners — heuristic "
+    "f = 1e7/2^k while f > 5e-6 (41 values, β = c·s/f from 1e-7 to 1.1e5; the code's last "
+    "halving passes A.3's 1e5, and we follow the code), Bayes f = 1000/2^k while f > 1e-4 "
+    "(24 values; tune_attacks_dp.py lines 188–210, tune_attacks_theory.py lines 181–202); "
+    "ci: a constant β on six powers of ten (a reduced search)",
+    "refine": "A.3: [0.5 β*, 2 β*]; 20 values linear in f around the mean of the tied f "
+    "(tune_attacks_dp.py lines 212–228, tune_attacks_theory.py lines 204–219); ci: none",
+    "grid": "§6: 480 combinations for ℓ2, ℓ1 and cosine (HeuristicGrid: tune_attacks_dp.py "
+    "lines 162–169), 540 for Bayes (BayesGrid: tune_attacks_theory.py lines 162–167); ci: none",
 }
 
 #: The defenses whose Table 2 and Table 5 cells the ci scale runs (module docstring).
@@ -78,26 +95,29 @@ _CI_DEFENSES = ("prune+gauss",)
 
 TABLE2 = ScaleConfig(
     ci={"datasets": ("mnist", "cifar10"), "train_steps": (0,), "defenses": _CI_DEFENSES,
-        "attacks": ATTACKS, **_SEARCH_CI, "grid": None, **SCENARIO.ci},
+        "attacks": ATTACKS, **_SEARCH_CI, **SCENARIO.ci},
     paper={"datasets": ("mnist", "cifar10"), "train_steps": (0, 500), "defenses": tuple(DEFENSES),
-           "attacks": ATTACKS, **_SEARCH_PAPER, "grid": Grid(), **SCENARIO.paper},
+           "attacks": ATTACKS, **_SEARCH_PAPER, **SCENARIO.paper},
     sources={"datasets": "Table 2", "train_steps": "Table 2: 'Train step 0', 'Train step 500'; "
              "ci: step 0 (Table 5 runs step 500)", "defenses": "§6: σ = b = 0.1, pruning 50 % "
              "of the entries; ci: prune + Gauss", "attacks": "Table 2",
-             **_SEARCH_SOURCES, "grid": "A.3 and §6: 480 (ℓ2, ℓ1, cosine) and 540 (Bayes) "
-             "combinations; tune_attacks_dp.py", **SCENARIO.sources},
+             **_SEARCH_SOURCES, **SCENARIO.sources},
 )  # fmt: skip
 
 TABLE5 = ScaleConfig(
-    ci={"train_step": 500, "defenses": _CI_DEFENSES, "phis": (0.1, 0.5), **_SEARCH_CI, "grid": None,
+    ci={"train_step": 500, "defenses": _CI_DEFENSES, "phis": (0.1, 0.5), **_SEARCH_CI,
         **SCENARIO.ci},
     paper={"train_step": 500, "defenses": tuple(DEFENSES), "phis": (0.1, 0.25, 0.3, 0.5),
-           **_SEARCH_PAPER, "grid": None, **SCENARIO.paper},
+           **_SEARCH_PAPER, **SCENARIO.paper},
     sources={"train_step": "A.4: 'MNIST network trained for 500 steps'", "defenses": "A.4; ci: "
-             "prune + Gauss, as Table 2 at ci", "phis": "the authors' φ values (A.4 "
-             "searches φ); ci: two of them", **_SEARCH_SOURCES,
-             "grid": "ours: A.4 runs Table 2's grid too; skipped here (five priors × 480 "
-             "settings)", **SCENARIO.sources},
+             "prune + Gauss, as Table 2 at ci", "phis": "A.4's φ·L_TV + (1 − φ)·L_[0,1] with the "
+             "authors' --reg_tv values whose pairs with --reg_clip sum to 1 (tune_attacks_dp.py "
+             "lines 167–168, 237–239; the code's filter also keeps (0.25, 0.7) and (0.3, 0.75), "
+             "which A.4's formula does not); ci: two of them", **_SEARCH_SOURCES,
+             "grid": "A.4: 'the same grid search procedure, ... extended to search for φ': the "
+             "ℓ2 attack's 480 per φ and for TV alone (the authors search φ inside one grid, "
+             "after stages 1–2 with φ = 0.25; here every φ is tuned as an attack of its own and "
+             "chosen by its tuning score); ci: none", **SCENARIO.sources},
 )  # fmt: skip
 
 FIG7 = ScaleConfig(
@@ -169,8 +189,9 @@ def table2(ctx: Context) -> list[dict]:
             defense = make_defense(name, seed=ctx.seed)
             case = build_case(model, *victims, defense=defense, generator=ctx.generator(100 * i + j),
                               device=ctx.device)  # fmt: skip
-            attacks = table2_attacks(defense, cfg.attacks, steps=cfg.steps)
-            found = tune(ctx, case, attacks, offset=1000 * i + 10 * j)
+            attacks = table2_attacks(defense, cfg.attacks, steps=cfg.steps,
+                                     anneal_steps=cfg.anneal_steps)  # fmt: skip
+            found = tune(ctx, case, attacks, offset=1000 * i + 10 * j, defense=name)
             psnr = attack_tuned(ctx, case, attacks, found, offset=1000 * i + 10 * j)
             rows += [{"dataset": dataset, "defense": name, "attack": a, "step": step,
                       "psnr": float(v.mean()), "psnr_per_image": v.tolist()}
@@ -194,17 +215,17 @@ def _range_priors(case: Case, phis: tuple[float, ...]) -> dict[str, Prior]:
     return {"tv": tv, **{f"tv+range:{phi:g}": phi * tv + (1.0 - phi) * in_range for phi in phis}}
 
 
-def _table5_row(ctx: Context, case: Case, offset: int) -> dict:
+def _table5_row(ctx: Context, case: Case, offset: int, defense: str) -> dict:
     """The ℓ2 attack with TV and with the φ whose *tuning* score is best, on all victims.
 
     Every φ is tuned like an attack of its own (A.4: φ joins the search), so
     the scored images never choose it.
     """
-    base = preset("l2", steps=ctx.config.steps)  # one likelihood object: evaluated once per step
-    attacks = {
-        p: replace(base, prior=prior) for p, prior in _range_priors(case, ctx.config.phis).items()
-    }
-    found = tune(ctx, case, attacks, offset=offset)
+    cfg = ctx.config  # one likelihood object below: evaluated once per step
+    base = preset("l2", steps=cfg.steps).with_config(anneal_steps=cfg.anneal_steps)
+    attacks = {p: replace(base, prior=prior) for p, prior in _range_priors(case, cfg.phis).items()}
+    found = tune(ctx, case, attacks, offset=offset, defense=defense,
+                 distance=dict.fromkeys(attacks, "l2"))  # fmt: skip
     best = max((p for p in attacks if p != "tv"), key=lambda p: found.best_psnr[p])
     chosen = {"tv": attacks["tv"], best: attacks[best]}
     psnr = attack_tuned(ctx, case, chosen, found, offset=offset)
@@ -242,8 +263,8 @@ def table5_priors(ctx: Context) -> list[dict]:
     (500), ``psnr_tv``, ``psnr_tv_range`` (the φ with the best tuning score),
     ``phi``, the per-image values of both, and ``psnr_gray`` (the PSNR of a
     constant image at the victims' mean: what an attack that learns nothing
-    scores). Stage 3 of the search is skipped at both scales (ours: five
-    priors × 480 settings).
+    scores). Every prior is tuned by the ℓ2 attack's search (at paper scale
+    with its 480-setting grid, A.4).
     """
     cfg = ctx.config
     model, victims = scenario(ctx, "mnist", cfg.train_step, cfg.victims)
@@ -253,7 +274,7 @@ def table5_priors(ctx: Context) -> list[dict]:
         case = build_case(model, *victims, defense=make_defense(name, seed=ctx.seed),
                           generator=ctx.generator(500 + j), device=ctx.device)  # fmt: skip
         head = {"dataset": "mnist", "defense": name, "step": cfg.train_step}
-        return [{**head, **_table5_row(ctx, case, offset=5000 + 10 * j)}]
+        return [{**head, **_table5_row(ctx, case, offset=5000 + 10 * j, defense=name)}]
 
     return ctx.units(cfg.defenses, unit, "table5")
 

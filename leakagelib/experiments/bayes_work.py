@@ -45,7 +45,7 @@ from torch import nn
 from .. import models
 from ..attacks import AttackConfig, preset
 from ..attacks.search import stage_sizes
-from .bayes_scenario import NUM_CLASSES, TUNED_WEIGHTINGS
+from .bayes_scenario import NUM_CLASSES, tuners
 from .registry import Context
 from .work import Load, Net, image_shape
 
@@ -92,9 +92,17 @@ def _training(net: Net, batch: int, steps: int) -> list[Load]:
 
 
 def _tuned(
-    ctx: Context, net: Net, groups: Sequence[Sequence[str]], final: Sequence[int]
+    ctx: Context,
+    net: Net,
+    groups: Sequence[Sequence[str]],
+    final: Sequence[int],
+    distance: dict[str, str] | None = None,
 ) -> list[Load]:
     """A.3's search, then ``final[i]`` tuned attacks of ``groups[i]`` on every victim.
+
+    The search's stages are counted from the attacks' tuners
+    (:func:`~.bayes_scenario.tuners`; ``distance`` as there): at paper scale
+    41 + 20 + 480 settings per heuristic attack and 24 + 20 + 540 for Bayes.
 
     A group is attacks that share one likelihood object: the batched program
     evaluates each distinct likelihood on its own settings
@@ -107,8 +115,8 @@ def _tuned(
     cfg, loads = ctx.config, []
     loop = preset("l2", steps=cfg.steps).config
     for group, chosen in zip(groups, final, strict=True):
-        stages = stage_sizes(group, betas=cfg.betas, refine=cfg.refine, grid=cfg.grid,
-                             weightings=TUNED_WEIGHTINGS)  # fmt: skip
+        found = tuners(cfg, group, defense=cfg.defenses[0], distance=distance)
+        stages = stage_sizes(list(found.values()))
         loads += [_attack(net, loop, n * cfg.tune_victims) for n in stages.values()]
         loads.append(_attack(net, loop, chosen * cfg.victims))
     return loads
@@ -135,7 +143,8 @@ def table5_work(ctx: Context) -> list[list[Load]]:
     cfg = ctx.config
     net = bayes_cnn_net(image_shape(ctx, "mnist"))
     priors = ["tv", *(f"tv+range:{phi:g}" for phi in cfg.phis)]
-    units = [_tuned(ctx, net, [priors], [2]) for _ in cfg.defenses]  # one likelihood object
+    distance = dict.fromkeys(priors, "l2")
+    units = [_tuned(ctx, net, [priors], [2], distance) for _ in cfg.defenses]  # one likelihood
     units[0] = _training(net, cfg.train_batch, cfg.train_step) + units[0]
     return units
 
@@ -192,7 +201,8 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
         "convnet", in_shape=shape, num_classes=10, width=cfg.ats_width).eval(), shape)  # fmt: skip
     # eval mode, as the run attacks it (batch norm with running statistics); the training probe
     # switches to train mode itself
-    ig = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv, signed=False)
+    ig = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv,
+                signed=cfg.ats_signed)  # fmt: skip
     attack = _attack(convnet, ig.config, cfg.ats_victims)
     units = [
         [*(_training(convnet, TRAIN_BATCH, longest) if i == 0 else []), attack]
