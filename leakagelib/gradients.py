@@ -69,11 +69,37 @@ def _logistic(outputs: Tensor, labels: Tensor) -> Tensor:
     return F.softplus(-y * mu[:, 0]).mean()
 
 
-_LOSSES: dict[str, LossFn] = {"ce": _cross_entropy, "logistic": _logistic}
+def _margins(outputs: Tensor, labels: Tensor, loss: str) -> Tensor:
+    """μ = y·f(x) per sample, for a model with one output logit."""
+    mu = outputs.reshape(outputs.shape[0], -1)
+    if mu.shape[1] != 1:
+        raise ValueError(f"the {loss} loss needs one output per sample, got {tuple(outputs.shape)}")
+    return labels.to(mu.dtype).reshape(-1) * mu[:, 0]
+
+
+def _exponential(outputs: Tensor, labels: Tensor) -> Tensor:
+    """Mean of exp(−y·μ), y ∈ {−1, +1}: R-GAP's Figure 1 exponential loss (:mod:`leakagelib.rgap.losses`)."""
+    return torch.exp(-_margins(outputs, labels, "exponential")).mean()
+
+
+def _hinge(outputs: Tensor, labels: Tensor) -> Tensor:
+    """Mean of max(0, 1 − y·μ), y ∈ {−1, +1}: R-GAP's Figure 1 hinge loss."""
+    return F.relu(1 - _margins(outputs, labels, "hinge")).mean()
+
+
+_LOSSES: dict[str, LossFn] = {
+    "ce": _cross_entropy,
+    "logistic": _logistic,
+    "exponential": _exponential,
+    "hinge": _hinge,
+}
+
+#: The losses of one logit and a label y ∈ {−1, +1} (R-GAP's margin losses).
+MARGIN_LOSSES = ("logistic", "exponential", "hinge")
 
 
 def loss_function(name: str) -> LossFn:
-    """The loss ``name`` ("ce" or "logistic") as ``fn(outputs, labels) -> scalar``."""
+    """The loss ``name`` ("ce", "logistic", "exponential" or "hinge") as ``fn(outputs, labels) -> scalar``."""
     if name not in _LOSSES:
         raise KeyError(f"unknown loss {name!r}; available losses: {', '.join(sorted(_LOSSES))}")
     return _LOSSES[name]
@@ -131,9 +157,9 @@ def check_batch(model: nn.Module, images: Tensor, labels: Tensor, *, loss: str =
         raise ValueError(
             f"labels must be integer class indices, got dtype {labels.dtype}; use labels.long()"
         )
-    if loss == "logistic":
+    if loss in MARGIN_LOSSES:
         if not bool(((labels == 1) | (labels == -1)).all()):
-            raise ValueError("the logistic loss takes labels in {-1, +1}")
+            raise ValueError(f"the {loss} loss takes labels in {{-1, +1}}")
         return
     classes = _num_classes(model, images)
     low, high = int(labels.min()), int(labels.max())

@@ -24,6 +24,7 @@ NOT_CHAINS = {
     "convbig": "conv1.pool",
     "convnet": "conv0.norm",
     "resnet18": "stem.norm",
+    "resnet101": "stem.norm",
     "vit-small": "embed",
 }
 

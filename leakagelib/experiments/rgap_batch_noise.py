@@ -2,7 +2,8 @@
 
 A client with a batch sends the mean of its images' gradients, and every
 constraint of R-GAP is linear in the gradient, so R-GAP returns a linear
-combination of the batch's images (Appendix F). Gaussian noise on the update
+combination of the batch's images (Appendix F); batch DLG (Zhu et al. 2019) runs on
+the same update beside it (Figures 7 and 8). Gaussian noise on the update
 is averaged by least squares over each layer's constraints, which a wider
 network has more of (Appendix G, Figure 9); each network there is a unit of
 the run. Chapter "Closed-form attacks" shows both.
@@ -10,17 +11,19 @@ the run. Chapter "Closed-form attacks" shows both.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..gradients import Update, client_update, stack_updates
-from ..rgap import rgap
+from ..rgap import dlg_logistic, rgap
 from .case import Case
 from .config import ScaleConfig
 from .registry import Context, experiment
 from .rgap_common import (
     ARCHITECTURES,
     DATASETS,
+    dlg_net,
     labels_mu_negative,
     logistic_case,
     solve_net,
@@ -28,7 +31,7 @@ from .rgap_common import (
     victims,
     zoo_model,
 )
-from .work import Load
+from .work import LBFGS_EVALUATIONS, Load
 
 APPF_CONFIG = ScaleConfig(
     ci={"batch_sizes": (2, 5)},
@@ -75,6 +78,104 @@ def appf_batch(ctx: Context) -> list[dict]:
         coef, residual = _best_combination(x, result.inputs()[0])
         rows.append({"batch_size": size, "fit_residual": residual, "coefficients": coef.tolist()})
     return rows
+
+
+APPF_DLG_CONFIG = ScaleConfig(
+    ci={"batch_sizes": (2, 5), "batches": 1, "dlg_steps": 5, "dlg_init": "uniform"},
+    paper={"batch_sizes": (2, 5), "batches": 5, "dlg_steps": 300, "dlg_init": "uniform"},
+    sources={
+        "batch_sizes": "Appendix F, Figures 7 and 8: FCN3 on MNIST, batches of 2 and 5",
+        "batches": "Figures 7 and 8 show one batch each; 5 consecutive batches of the test "
+        "images (ours)",
+        "dlg_steps": "DLG's 300 L-BFGS iterations of lr 1 (Zhu et al. 2019's code, "
+        "mit-han-lab/dlg); the paper names no count for Appendix F",
+        "dlg_init": "the paper names no start; U(0, 1) over the pixel range as rgap/table3-rank "
+        "(ours; measured at ci: DLG's N(0, 1) start stalls at a larger error on FCN3)",
+    },
+)
+
+
+def _matched_mse(found: Tensor, images: Tensor) -> float:
+    """Mean MSE of ``found`` to ``images`` under the best one-to-one matching (Hungarian).
+
+    Batch DLG returns the batch's images in any order; R-GAP's single output
+    is matched to its nearest image.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    pair = (found.flatten(1)[:, None] - images.to(found).flatten(1)[None]).pow(2).mean(-1)
+    rows, cols = linear_sum_assignment(pair.cpu().numpy())
+    return float(pair[rows, cols].mean())
+
+
+def _batch_attacks(ctx: Context, x: Tensor) -> list[dict]:
+    """R-GAP and batch DLG on the mean logistic-loss update of the batch ``x`` on FCN3."""
+    shape = DATASETS["mnist"]
+    model = zoo_model(ctx, "fcn3", shape)
+    labels = labels_mu_negative(model, x)
+    update = stack_updates([client_update(model, x, labels, loss="logistic")])
+    rg = rgap(model, update, [1], input_shape=shape, fc_weight_constraints=False).inputs()
+    dlg = dlg_logistic(model, update, labels.reshape(1, -1), input_shape=shape,
+                       steps=ctx.config.dlg_steps, generator=ctx.generator(len(x)),
+                       init=ctx.config.dlg_init, relative=True)  # fmt: skip
+    found = {"rgap": rg.detach().double(), "dlg": dlg.inputs().detach().double().clamp(0, 1)}
+    return [
+        {
+            "attack": attack,
+            "fit_residual": float(np.mean([_best_combination(x, img)[1] for img in images])),
+            "mse_matched": _matched_mse(images, x),
+        }
+        for attack, images in found.items()
+    ]
+
+
+@experiment(
+    "rgap/appF-batch-dlg",
+    row_keys=("batch_size", "attack", "fit_residual", "mse_matched"),
+    config=APPF_DLG_CONFIG,
+    datasets=("mnist",),
+    work=lambda ctx: [
+        [
+            Load(solve_net(DATASETS["mnist"], "fcn3"), "solve", ctx.config.batches),
+            Load(
+                dlg_net(DATASETS["mnist"], "fcn3"),
+                "attack",
+                size,
+                ctx.config.batches * ctx.config.dlg_steps * LBFGS_EVALUATIONS,
+            ),
+        ]
+        for size in ctx.config.batch_sizes
+    ],  # fmt: skip
+)
+def appf_batch_dlg(ctx: Context) -> list[dict]:
+    """Appendix F, Figures 7 and 8: R-GAP beside batch DLG on the same batch update of FCN3.
+
+    Rows, per batch size and attack ("rgap", "dlg"): fit_residual (relative
+    residual of the best linear combination of the batch's images to each
+    reconstruction, mean over reconstructions; ~0: a combination),
+    mse_matched (DLG's B reconstructions, clamped to [0, 1], matched one-to-one
+    to the batch's images; R-GAP's one output to its nearest image), both
+    means over ``batches`` consecutive batches of the test images, and the
+    per-batch values. The batch and model are those of ``rgap/appF-batch``
+    (FCN3, labels with μ < 0, the mean update); R-GAP runs as there, DLG is
+    :func:`~leakagelib.rgap.dlg_logistic` reconstructing all B images at
+    once, labels given (the objective divided by the update's norm). One unit
+    per batch size.
+    """
+    cfg = ctx.config
+    images = victims(ctx, "mnist", max(cfg.batch_sizes) * cfg.batches)
+
+    def unit(size: int) -> list[dict]:
+        runs = [_batch_attacks(ctx, images[b * size : (b + 1) * size]) for b in range(cfg.batches)]
+        rows = []
+        for j, attack in enumerate(("rgap", "dlg")):
+            per = {key: [run[j][key] for run in runs] for key in ("fit_residual", "mse_matched")}
+            rows.append({"batch_size": size, "attack": attack,
+                         **{key: float(np.mean(v)) for key, v in per.items()},
+                         **{f"{key}_per_batch": v for key, v in per.items()}})  # fmt: skip
+        return rows
+
+    return ctx.units(cfg.batch_sizes, unit, "Appendix F")
 
 
 APPG_CONFIG = ScaleConfig(

@@ -13,6 +13,9 @@ and attacks them untrained; ``init="default"`` does the same. For the noise
 study (Appendix G) the same code offers ``weight_init`` drawing every weight
 from N(0, 0.01²) (file ``utils/utils.py``); ``init="normal"`` reproduces it.
 
+:func:`skip_net` builds the constructed networks of Figure 6 (a residual
+block of :class:`SkipBlock` with or without its skip connection).
+
 Used by the chapters "Closed-form attacks", "Rank analysis" and "Twin data".
 """
 
@@ -21,12 +24,12 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .registry import register
 from .staging import staged
 
-__all__ = ["build_cnn6", "build_cnn6d", "build_fcn3", "conv_stack"]
+__all__ = ["SkipBlock", "build_cnn6", "build_cnn6d", "build_fcn3", "conv_stack", "skip_net"]
 
 #: LeakyReLU slope of every R-GAP network (authors' code, ``models/CNN6.py``).
 NEGATIVE_SLOPE = 0.2
@@ -185,3 +188,60 @@ def build_fcn3(
     stages["act2"] = _activation(activation)
     stages["fc3"] = nn.Linear(100, num_classes, bias=bias)
     return _initialise(staged(in_shape, "fcn3", stages.items()), init)
+
+
+class SkipBlock(nn.Module):
+    """Shape-preserving convolutions with LeakyReLU between them, (+ the input), LeakyReLU.
+
+    ``widths`` are the inner convolutions' output channels; the last
+    convolution maps back to ``channels``, so that the block's input can be
+    added to its output (``skip=True``, Appendix D's residual block) or not
+    (``skip=False``, a plain stack). Every convolution has kernel ``kernel``,
+    stride 1, padding ``kernel // 2`` (odd kernels) and no bias.
+    """
+
+    def __init__(self, channels: int, widths: tuple[int, ...], kernel: int, skip: bool) -> None:
+        super().__init__()
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"a shape-preserving block needs an odd kernel, got {kernel}")
+        if any(w < 1 for w in widths):
+            raise ValueError(f"inner widths must be positive, got {widths}")
+        self.skip = skip
+        c = channels
+        for i, out_c in enumerate((*widths, channels), start=1):
+            if i > 1:
+                self.add_module(f"act{i - 1}", nn.LeakyReLU(NEGATIVE_SLOPE))
+            self.add_module(
+                f"conv{i}", nn.Conv2d(c, out_c, kernel, padding=kernel // 2, bias=False)
+            )
+            c = out_c
+        self.out = nn.LeakyReLU(NEGATIVE_SLOPE)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x
+        for name, module in self.named_children():
+            if name != "out":
+                h = module(h)
+        return self.out(h + x if self.skip else h)
+
+    def extra_repr(self) -> str:
+        return f"skip={self.skip}"
+
+
+def skip_net(
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    widths: tuple[int, ...],
+    *,
+    skip: bool,
+    kernel: int = 3,
+    name: str = "skip-net",
+) -> nn.Sequential:
+    """One :class:`SkipBlock` (inner ``widths``, with or without its skip), flatten, one linear layer.
+
+    Bias-free, LeakyReLU (0.2), PyTorch's default initialisation, as R-GAP's
+    networks. Experiment ``rgap/fig6-skip-dlg`` builds Figure 6's pairs with it.
+    """
+    block = SkipBlock(in_shape[0], tuple(widths), kernel, skip)
+    fc = nn.Linear(int(torch.tensor(in_shape).prod()), num_classes, bias=False)
+    return staged(in_shape, name, [("block", block), ("flatten", nn.Flatten()), ("fc", fc)])

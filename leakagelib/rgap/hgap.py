@@ -73,10 +73,12 @@ def dlg_logistic(
     """DLG (L-BFGS on the squared gradient distance) on stacked logistic-loss updates.
 
     ``updates`` has a leading dimension N (one single-image update each) and
-    ``labels`` (N, values ±1) are given: the :func:`~leakagelib.attacks.presets.idlg`
+    ``labels`` (N, values ±1) are given — or ``labels`` N×B for updates of a
+    batch of B images each, of which DLG then reconstructs all B (batch DLG,
+    Appendix F; experiment ``rgap/appF-batch-dlg``): the :func:`~leakagelib.attacks.presets.idlg`
     preset with ``labels="given"`` and ``steps`` L-BFGS steps. All N attacks
     run as one batched program; the loop runs in float32 even when ``model``
-    is float64. ``initial`` (N×C×H×W) replaces DLG's random start with given
+    is float64. ``initial`` (N×C×H×W, or N·B images) replaces DLG's random start with given
     images (see :func:`rgap_then_dlg`). ``relative`` divides the objective by
     the mean squared norm of the updates: the same minimisers, but L-BFGS's
     absolute stopping tolerances (``torch.optim.LBFGS``'s ``tolerance_grad``
@@ -87,6 +89,7 @@ def dlg_logistic(
     N(0, 1) as DLG's code, or ``"uniform"``, U(0, 1) over the pixel range
     (experiment ``rgap/table3-rank``).
     """
+    per_update = labels.reshape(labels.shape[0], -1) if labels.dim() == 2 else labels.reshape(-1, 1)
     attack = idlg(steps=steps, labels="given", init=init)
     if relative:
         sq = torch.stack([v.double().flatten(1).pow(2).sum(dim=1) for v in updates.values()])
@@ -98,10 +101,12 @@ def dlg_logistic(
         copy.deepcopy(model).float(),
         {k: v.float() for k, v in updates.items()},
         input_shape=input_shape,
-        labels=labels.reshape(-1, 1).long(),
+        labels=per_update.long(),
         loss="logistic",
         generator=generator,
-        initial=None if initial is None else initial.float().reshape(-1, 1, *input_shape),
+        initial=None
+        if initial is None
+        else initial.float().reshape(-1, per_update.shape[1], *input_shape),
     )
 
 

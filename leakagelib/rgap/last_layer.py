@@ -23,22 +23,24 @@ import numpy as np
 from scipy.special import expit
 from torch import Tensor
 
+from .losses import MARGIN_LOSSES
 from .mu import mu_roots
 
 __all__ = ["LOSSES", "Start", "ce_last_layer", "logistic_starts", "margin", "signed_label"]
 
-#: The losses R-GAP's step 1 knows.
-LOSSES = ("logistic", "ce")
+#: The losses R-GAP's step 1 knows: the margin losses of Figure 1 (:mod:`.losses`) and
+#: cross-entropy.
+LOSSES = (*MARGIN_LOSSES, "ce")
 
 #: One way the recursion can start: (μ, z_d, k_d).
 Start = tuple[float, np.ndarray, np.ndarray]
 
 
-def signed_label(label: int | float | Tensor) -> float:
-    """The logistic loss's label as a float, checked to be −1 or +1."""
+def signed_label(label: int | float | Tensor, loss: str = "logistic") -> float:
+    """A margin loss's label as a float, checked to be −1 or +1."""
     y = float(label.item() if isinstance(label, Tensor) else label)
     if y not in (-1.0, 1.0):
-        raise ValueError(f"R-GAP's logistic loss takes a label y in {{-1, +1}}, got {label!r}")
+        raise ValueError(f"R-GAP's {loss} loss takes a label y in {{-1, +1}}, got {label!r}")
     return y
 
 

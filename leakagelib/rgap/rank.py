@@ -18,7 +18,10 @@ gradient constraints), element-wise modules (activations,
 normalisation) are skipped, and a residual block follows Appendix D: with its
 skip connection it is one unit whose input is the block's input, whose weight
 constraints are its output, and whose gradient constraints are those of its
-last convolution (plus the shortcut's); with the skip cut it is two plain layers.
+last convolution (plus the shortcut's) — for two-layer blocks (ResNet-18's
+``BasicBlock``, Figure 6's ``SkipBlock``) and, by the footnote to Appendix D,
+three-layer ones (ResNet-101's ``Bottleneck``, Table 4); with the skip cut it is
+its convolutions as plain layers.
 Two kinds of module fall outside the analysis and raise a ``TypeError`` naming
 the module and the reason, before any forward pass: self-attention (``vit-small``:
 softmax(QKᵀ)V multiplies the input with itself, so its constraints are not
@@ -44,6 +47,8 @@ from torch import Tensor, nn
 from ..defenses.bottlenecks import VariationalBottleneck
 from ..gradients import loss_function
 from ..models.resnet import BasicBlock
+from ..models.resnet101 import Bottleneck
+from ..models.rgap_nets import SkipBlock
 from ..models.staging import InputCheck
 from ..models.vit import Attention
 from .chain import chain_of
@@ -69,6 +74,9 @@ _ELEMENTWISE = (
     InputCheck,
 )
 _POOLS = (nn.AvgPool2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+#: Residual blocks: a ``skip`` flag, their convolutions as direct children in forward
+#: order, and (ResNets) a ``downsample`` shortcut whose convolution counts with the last.
+_RESIDUAL = (BasicBlock, Bottleneck, SkipBlock)
 
 
 @dataclass
@@ -203,16 +211,17 @@ def _count(module: nn.Module, name: str, sizes: dict, out: list[LayerCount], poo
         if pooling:
             x, z = sizes[id(module)]
             out.append(LayerCount(name, "pool", x, 0, z))
-    elif isinstance(module, BasicBlock):
+    elif isinstance(module, _RESIDUAL):
+        convs = [(n, m) for n, m in module.named_children() if isinstance(m, nn.Conv2d)]
         if module.skip:
             x, f = sizes[id(module)]
-            w = _n_weights(module.conv2)
-            if module.downsample is not None:
+            w = _n_weights(convs[-1][1])
+            if getattr(module, "downsample", None) is not None:
                 w += _n_weights(module.downsample.conv)
             out.append(LayerCount(name, "residual", x, w, f))
         else:
-            _count(module.conv1, f"{name}.conv1", sizes, out, pooling)
-            _count(module.conv2, f"{name}.conv2", sizes, out, pooling)
+            for conv_name, conv in convs:
+                _count(conv, f"{name}.{conv_name}", sizes, out, pooling)
     elif isinstance(module, nn.Sequential):
         for child_name, child in module.named_children():
             _count(child, f"{name}.{child_name}" if name else child_name, sizes, out, pooling)
@@ -221,7 +230,8 @@ def _count(module: nn.Module, name: str, sizes: dict, out: list[LayerCount], poo
     else:
         raise TypeError(
             f"rank analysis does not know module {name!r} ({type(module).__name__}); "
-            "supported: Conv2d, Linear, pooling, element-wise layers, Sequential, BasicBlock"
+            "supported: Conv2d, Linear, pooling, element-wise layers, Sequential, residual blocks "
+            "(BasicBlock, Bottleneck, SkipBlock)"
         )
 
 

@@ -43,7 +43,8 @@ from .constraints import (
     layer_constraints,
     weight_matrix,
 )
-from .last_layer import LOSSES, Start, ce_last_layer, logistic_starts, margin, signed_label
+from .last_layer import LOSSES, Start, ce_last_layer, margin, signed_label
+from .losses import MARGIN_LOSSES, margin_starts
 from .mu import mu_adam
 from .solve import SOLVERS, exact_rank, solve_layer
 
@@ -198,9 +199,9 @@ def _chain(
     loss = loss or ("logistic" if last.layer.out_features == 1 else "ce")
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
-    if loss == "logistic" and last.layer.out_features != 1:
+    if loss in MARGIN_LOSSES and last.layer.out_features != 1:
         raise ValueError(
-            "R-GAP's binary (logistic) setting needs a last nn.Linear layer with one "
+            f"R-GAP's binary ({loss}) setting needs a last nn.Linear layer with one "
             "output; use loss='ce' for several classes"
         )
     return stages, loss
@@ -221,18 +222,20 @@ def _starts(
     """
     weight = _numpy(params[last.weight_key])
     grad_weight = _numpy(update[last.weight_key])
-    if loss == "logistic":
+    if loss in MARGIN_LOSSES:
         if label is None:
-            raise ValueError("the logistic loss needs the label y in {-1, +1}")
-        y = signed_label(label)
+            raise ValueError(f"the {loss} loss needs the label y in {{-1, +1}}")
+        y = signed_label(label, loss)
         c = float(np.sum(grad_weight * weight))
         if last.bias_key is not None:
             c += float(np.sum(_numpy(update[last.bias_key]) * _numpy(params[last.bias_key])))
+        if mu_fit == "adam" and loss != "logistic":
+            raise ValueError("mu_fit='adam' (the authors' fit) applies to the logistic loss only")
         if mu is None and mu_fit == "adam":
             mu = mu_adam(c)
-        return y, logistic_starts(c, y, mu)
+        return y, margin_starts(loss, c, y, mu)
     if mu is not None or mu_fit != "exact":
-        raise ValueError("mu and mu_fit apply to the logistic loss only")
+        raise ValueError("mu and mu_fit apply to the margin losses only")
     if label is not None:
         label = int(label.item() if isinstance(label, Tensor) else label)
     has_bias = last.bias_key is not None
@@ -327,8 +330,8 @@ def rgap(
 ) -> AttackResult:
     """R-GAP on every single-image update of the stacked ``updates`` (leading dimension N).
 
-    ``loss`` is "logistic" (the paper's binary setting, one output logit) or
-    "ce" (cross-entropy over K ≥ 2 outputs); by default it is "logistic" for
+    ``loss`` is "logistic" (the paper's binary setting, one logit; "exponential", "hinge":
+    Figure 1's, :mod:`.losses`) or "ce" (K ≥ 2 outputs); by default it is "logistic" for
     one output and "ce" otherwise. ``labels`` holds one label per update: for
     the logistic loss y ∈ {-1, +1} (R-GAP assumes it known or read off the
     gradient's sign, §3.1.1); for cross-entropy the class index, or
