@@ -174,16 +174,14 @@ def federated_averaging(
     keeps ``val_fraction`` of its share (at least one sample) for validation.
     After every round the global model's validation loss (mean over clients)
     and test accuracy are recorded; ``patience`` rounds without a lower
-    validation loss stop training (``None``: never). Every client starts each
-    round with a fresh Adam at the constant ``lr`` (``reset_optimizer=False``:
-    its state carries over). ``snapshot_rounds``: rounds whose global state to
-    keep (0 = before training). Every local step's update goes through
-    ``defense`` (DP-SGD, compression, ...; CVB paper §VI-C). Randomness comes
-    from ``seed`` (the bottlenecks' sampling too, via torch's global generator).
+    validation loss stop training (``None``: never). Each round every client
+    starts a fresh Adam at the constant ``lr`` (``reset_optimizer=False``: its
+    state carries over). ``snapshot_rounds``: rounds whose global state to keep (0 =
+    before training). Every local update goes through ``defense`` (DP-SGD, ...; CVB
+    §VI-C). Randomness: ``seed`` (bottleneck noise too, via torch's global generator).
     """
-    _check_fedavg(images, labels, test, rounds=rounds, epochs=local_epochs, batch=batch_size)
-    if patience is not None and patience < 1:
-        raise ValueError(f"patience must be None or at least 1, got {patience}")
+    _check_fedavg(images, labels, test, rounds=rounds, epochs=local_epochs, batch=batch_size,
+                  patience=patience)  # fmt: skip
     defense = NoDefense() if defense is None else defense
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -192,10 +190,7 @@ def federated_averaging(
     locals_ = [copy.deepcopy(global_model) for _ in range(clients)]
     optimizers = [torch.optim.Adam(m.parameters(), lr=lr, betas=betas) for m in locals_]
     wanted = set(snapshot_rounds)
-    result = FLResult(
-        model=global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {}
-    )
-    best, since_best = float("inf"), 0
+    result = FLResult(global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {})
     sizes = torch.tensor([len(tr) for tr, _ in shards], dtype=torch.float64)
     for rnd in range(1, rounds + 1):
         _round(
@@ -208,16 +203,23 @@ def federated_averaging(
         result.history.append({"round": rnd, "val_loss": val_loss, "test_accuracy": test_acc})
         if rnd in wanted:
             result.snapshots[rnd] = _snapshot(global_model)
-        if val_loss is None:
-            continue
-        if val_loss < best:
-            best, since_best, result.best_state = val_loss, 0, _snapshot(global_model)
-        else:
-            since_best += 1
-        if patience is not None and since_best >= patience:
+        if _stop(result, patience):
             result.stopped_early = True
             break
     return result
+
+
+def _stop(result: FLResult, patience: int | None) -> bool:
+    """After a round: keep the global state if its validation loss is the lowest yet, and say
+    whether ``patience`` rounds have passed without one (the authors' ``EarlyStopping``, delta 0).
+    """
+    scored = [h["val_loss"] for h in result.history if h["val_loss"] is not None]
+    if not scored or result.history[-1]["val_loss"] is None:
+        return False
+    best = scored.index(min(scored))
+    if best == len(scored) - 1:
+        result.best_state = _snapshot(result.model)
+    return patience is not None and len(scored) - 1 - best >= patience
 
 
 def _check_fedavg(
@@ -228,6 +230,7 @@ def _check_fedavg(
     rounds: int,
     epochs: int,
     batch: int,
+    patience: int | None,
 ) -> None:
     """:func:`federated_averaging`'s checks, made before any training."""
     _check_data(images, labels, "training")
@@ -235,6 +238,8 @@ def _check_fedavg(
         raise ValueError(
             f"need rounds >= 0, local_epochs >= 1, batch_size >= 1; got {rounds}, {epochs}, {batch}"
         )
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be None or at least 1, got {patience}")
     if test is not None:
         _check_data(*test, "test")
 
