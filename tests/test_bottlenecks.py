@@ -283,7 +283,7 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     idlg = cvb_attack("idlg", ci)
     assert isinstance(idlg.likelihood, Gaussian)
     assert idlg.likelihood.sigma == pytest.approx(2**-0.5)  # ‖g − s‖², the authors' GL2
-    assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
+    assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (10, 1.0, 0.0)
     assert idlg.config.optimizer == "lbfgs" and idlg.config.box and idlg.labels == "given"
     assert (idlg.config.schedule, idlg.config.plateau_patience, idlg.config.stop_patience) == (
         "plateau",
