@@ -158,16 +158,23 @@ ATTACK = ScaleConfig(
     },
 )  # fmt: skip
 
-#: The federated training protocol behind every accuracy (§V-A).
+#: The federated training protocol behind every accuracy (§V-A) and the victims' client split
+#: (:mod:`.cvb_data`). The optimiser, its constant lr, the global validation loss and the
+#: reported best round are :func:`leakagelib.fedavg.federated_averaging`'s (its docstring
+#: cites the authors' code).
 TRAINING = ScaleConfig(
     ci={"clients": 2, "rounds": 2, "patience": None, "n_train": 256, "batch_size": 64,
         "val_fraction": 0.1},
     paper={"clients": 10, "rounds": 300, "patience": 40, "n_train": None, "batch_size": 64,
            "val_fraction": 0.1},
     sources={
-        "clients": "§V-A", "rounds": "§V-A", "patience": "§V-A: early stopping on validation loss",
-        "n_train": "§V-A: the whole training split (None)", "batch_size": "§V-A",
-        "val_fraction": "§V-A: every client's validation split",
+        "clients": "§V-A; configs/fedavg.yaml num_clients 10",
+        "rounds": "§V-A; configs/fedavg.yaml communication_rounds 300",
+        "patience": "§V-A; configs/fedavg.yaml glob.early_stopping: 40 rounds on the global "
+                    "model's validation loss",
+        "n_train": "§V-A: the whole training split (None)",
+        "batch_size": "§V-A; configs/fedavg.yaml batch_size 64",
+        "val_fraction": "§V-A; configs/data/*.yaml create_validation_split 0.1",
     },
 )  # fmt: skip
 
