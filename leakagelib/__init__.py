@@ -26,6 +26,7 @@ SUBMODULES = (
     "data",
     "defenses",
     "experiments",
+    "fedavg",
     "fl",
     "gradients",
     "metrics",

@@ -283,7 +283,7 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     idlg = cvb_attack("idlg", ci)
     assert isinstance(idlg.likelihood, Gaussian)
     assert idlg.likelihood.sigma == pytest.approx(2**-0.5)  # ‖g − s‖², the authors' GL2
-    assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (2, 0.1, 0.0)
+    assert (idlg.config.steps, idlg.config.lr, idlg.config.beta) == (10, 1.0, 0.0)
     assert idlg.config.optimizer == "lbfgs" and idlg.config.box and idlg.labels == "given"
     assert (idlg.config.schedule, idlg.config.plateau_patience, idlg.config.stop_patience) == (
         "plateau",
@@ -293,7 +293,12 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     cpl = cvb_attack("cpl", paper, steps=7, lr=0.5)
     assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "normal")
     assert not cpl.config.box and cpl.labels == "given" and cpl.config.keep_best
-    assert cpl.config.beta == 0.01 and cpl.parts()["prior"] == {"prior": "logit-label-distance"}
+    assert cpl.parts()["prior"] == {"prior": "logit-label-distance"}
+    # the label weight is the model config's attack.regularization, which overrides CPL.yaml's 0.01
+    for scale in (ci, paper):
+        alphas = {a: cvb_attack("cpl", scale, architecture=a).config.beta
+                  for a in ("cnn", "resnet18", "vit")}  # fmt: skip
+        assert alphas == {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
     with pytest.raises(ValueError, match="unknown attack 'dlg'"):
         cvb_attack("dlg", ci)
 
@@ -417,19 +422,23 @@ def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path,
 def test_table3_paper_branch_runs_on_both_datasets(tmp_path, monkeypatch):
     """cvb/table3-attacks through its paper-scale code (both datasets, MNIST resized to the
     authors' 3×32×32, every attack and defense), with victims and attack steps shrunk."""
+    from dataclasses import replace
+
     import numpy as np
 
     from leakagelib import data, experiments
-    from leakagelib.experiments import cvb_defenses
+    from leakagelib.experiments import cvb_defenses, registry
     from leakagelib.experiments.cvb_common import ATTACKS
 
+    exp = experiments.get("cvb/table3-attacks")
+    config = replace(exp.config, paper={**exp.config.paper, "victims": 2})
+    monkeypatch.setitem(registry._EXPERIMENTS, exp.id, replace(exp, config=config))
     paths = {}
     for logical, spec in (("mnist", "digits28"), ("cifar10", "patches")):
         images, labels, _ = data.load(spec, n=160, split="all", shuffle=False)
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
-    load, attack = cvb_defenses.load_victims, cvb_defenses.cvb_attack
-    monkeypatch.setattr(cvb_defenses, "load_victims", lambda ctx, logical, n: load(ctx, logical, 2))
+    attack = cvb_defenses.cvb_attack
     monkeypatch.setattr(
         cvb_defenses, "cvb_attack", lambda *a, **kw: attack(*a, **kw).with_config(steps=2)
     )
@@ -439,3 +448,33 @@ def test_table3_paper_branch_runs_on_both_datasets(tmp_path, monkeypatch):
         (d, f, a) for d in ("mnist", "cifar10") for f in ("none", "cvb") for a in ATTACKS
     }
     assert record["scale"] == "paper" and record["data"]["mnist"]["spec"] == paths["mnist"]
+    assert "victims: 2 of the training images of client 0 of 10" in record["data"]["mnist"]["note"]
+
+
+def test_table1_variants_at_position_2_also_leave_out_conv3() -> None:
+    """CVB Table I at position 2 (between conv2 and conv3) has six rows, two leaving out conv3."""
+    from leakagelib import experiments
+    from leakagelib.experiments.cvb_common import PRECODE_TABLE2
+    from leakagelib.experiments.cvb_common import cnn as cvb_cnn
+    from leakagelib.experiments.cvb_precode import VARIANTS, ignore_variants, table1_units
+
+    model = cvb_cnn({**PRECODE_TABLE2, "position": 2})
+    names = [n for n, _ in model.named_parameters()]
+    variants = ignore_variants(model, 2)
+    assert list(variants) == list(VARIANTS[2]) and len(variants) == 6
+    layers = {v: sorted({n.rsplit(".", 1)[0] for n in set(names) - set(kept)})
+              for v, kept in variants.items()}  # fmt: skip
+    assert layers == {
+        "all": [],
+        "without classifier": ["head"],
+        "without conv3": ["conv3.conv"],
+        "without decoder": ["precode.decoder"],
+        "without decoder and conv3": ["conv3.conv", "precode.decoder"],
+        "without decoder and later": ["conv3.conv", "head", "precode.decoder"],
+    }
+    assert list(ignore_variants(cvb_cnn({**PRECODE_TABLE2, "position": 3}), 3)) == list(VARIANTS[3])
+    with pytest.raises(ValueError, match="Table I places PRECODE at"):
+        ignore_variants(model, 1)
+    exp = experiments.get("cvb/table1-ignore")
+    paper = {(r["position"], r["attacked"]) for r in exp.reference}
+    assert set(table1_units(exp.config.at("paper"))) == paper  # every row of the paper's table

@@ -9,7 +9,8 @@ from torch import nn
 
 from leakagelib import data
 from leakagelib.defenses import CVB, DPSGD, GradientCompression, insert_bottleneck
-from leakagelib.fl import accuracy, federated_averaging, iid_split, train, training_loss
+from leakagelib.fedavg import FLResult, client_shards, federated_averaging, iid_split
+from leakagelib.fl import accuracy, evaluate, train, training_loss
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -32,26 +33,45 @@ def test_iid_split_is_a_partition() -> None:
         iid_split(3, 5)
 
 
-def test_one_client_fedavg_equals_local_adam_training() -> None:
+def _full_batch_fedavg(*, reset: bool) -> tuple[nn.Module, nn.Module]:
+    """One client, full batch, four rounds: FedAvg's model and local Adam's, as the CVB authors'
+    client resets its optimiser each round (``reset``: a fresh Adam per step) or not."""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
     model = mlp()
     result = federated_averaging(
-        model, x, y, rounds=4, clients=1, batch_size=40, val_fraction=0.0, lr=1e-2, patience=None
-    )
-    reference = mlp()
-    opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
-    for _ in range(4):  # full batch: one Adam step per round, state kept across rounds
-        opt.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        opt.step()
-    for (name, a), b in zip(
-        result.model.state_dict().items(), reference.state_dict().values(), strict=True
-    ):
-        assert torch.allclose(a, b, atol=1e-5), name
+        model, x, y, rounds=4, clients=1, batch_size=40, val_fraction=0.0, lr=1e-2, patience=None,
+        reset_optimizer=reset,
+    )  # fmt: skip
     assert all(
         torch.equal(a, b)
         for a, b in zip(model.state_dict().values(), mlp().state_dict().values(), strict=True)
+    )
+    reference = mlp()
+    opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    for _ in range(4):  # full batch: one Adam step per round
+        if reset:
+            opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    return result.model, reference
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_one_client_fedavg_equals_local_adam_training(reset: bool) -> None:
+    ours, reference = _full_batch_fedavg(reset=reset)
+    for (name, a), b in zip(
+        ours.state_dict().items(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_a_fresh_adam_each_round_differs_from_a_kept_one() -> None:
+    fresh, kept = _full_batch_fedavg(reset=True)[0], _full_batch_fedavg(reset=False)[0]
+    assert not all(
+        torch.allclose(a, b, atol=1e-4)
+        for a, b in zip(fresh.state_dict().values(), kept.state_dict().values(), strict=True)
     )
 
 
@@ -98,6 +118,49 @@ def test_accuracy_improves_over_rounds_and_snapshots_are_kept(digits) -> None:
     assert accuracy(initial, xt, yt) < 0.3 < accs[0] <= max(accs)
     assert sorted(result.snapshots) == [0, 2]
     assert all(h["val_loss"] is not None for h in result.history)
+
+
+def test_validation_loss_is_the_global_models_and_the_best_round_is_reported(digits) -> None:
+    """The CVB authors early-stop on the aggregated model's validation loss (mean over clients)
+    and report the round with the lowest one (src/training.py, src/history.py)."""
+    x, y, xt, yt = digits
+    x, y = x[:300], y[:300]
+    result = federated_averaging(
+        mlp(), x, y, rounds=5, clients=3, batch_size=16, lr=3e-2, test=(xt, yt),
+        snapshot_rounds=range(6), seed=4,
+    )  # fmt: skip
+    shards = client_shards(300, 3, val_fraction=0.1, seed=4)
+    last = [evaluate(result.model, x[va], y[va])[0] for _, va in shards]
+    assert result.history[-1]["val_loss"] == pytest.approx(sum(last) / 3, rel=1e-6)
+    best = result.best
+    assert best["val_loss"] == min(h["val_loss"] for h in result.history)
+    assert all(
+        torch.equal(result.best_state[k], v) for k, v in result.snapshots[best["round"]].items()
+    )
+    # the reported round is the lowest validation loss, not the last round
+    history = [
+        {"round": 1, "val_loss": 0.9, "test_accuracy": 0.5},
+        {"round": 2, "val_loss": 0.4, "test_accuracy": 0.7},
+        {"round": 3, "val_loss": 0.6, "test_accuracy": 0.8},
+        {"round": 4, "val_loss": 0.4, "test_accuracy": 0.9},
+    ]
+    assert FLResult(model=mlp(), history=history).best["round"] == 2
+    no_validation = [{"round": r, "val_loss": None, "test_accuracy": 0.1 * r} for r in (1, 2)]
+    assert FLResult(model=mlp(), history=no_validation).best["round"] == 2
+    with pytest.raises(ValueError, match="no round was trained"):
+        _ = FLResult(model=mlp()).best
+
+
+def test_client_shards_are_the_split_fedavg_trains_on() -> None:
+    shards = client_shards(50, 4, val_fraction=0.2, seed=3)
+    everything = torch.cat([torch.cat(pair) for pair in shards])
+    assert torch.equal(torch.sort(everything).values, torch.arange(50))
+    assert all(len(va) == max(1, round(0.2 * (len(tr) + len(va)))) for tr, va in shards)
+    assert all(
+        torch.equal(a[0], b[0])
+        for a, b in zip(shards, client_shards(50, 4, val_fraction=0.2, seed=3), strict=True)
+    )
+    assert not torch.equal(shards[0][0], client_shards(50, 4, val_fraction=0.2, seed=4)[0][0])
 
 
 def test_early_stopping_on_validation_loss(digits) -> None:

@@ -43,11 +43,13 @@ def _context(scale: str, seed: int, device: str = "cpu") -> Context:
 
 
 def victims(logical: str, n: int, *, scale: str = "ci", seed: int = 0) -> Victims:
-    """``n`` test images of ``logical`` as the CVB authors feed them (3×32×32), labels, normaliser.
+    """``n`` training images of client 0 of ``logical`` (3×32×32), their labels, the normaliser.
 
-    At ``scale="ci"`` the embedded stand-ins (``digits28`` for MNIST,
-    ``patches`` for CIFAR-10) resized to 32×32, at ``"paper"`` the datasets
-    themselves; ``seed`` picks the images.
+    Drawn as the registered experiments draw their victims
+    (:func:`~.cvb_data.load_victims`: the paper attacks one client's training
+    data, §V-B). At ``scale="ci"`` from the embedded stand-ins (``digits28``
+    for MNIST, ``patches`` for CIFAR-10) resized to 32×32, at ``"paper"``
+    from the datasets themselves; ``seed`` fixes the clients' split and the draw.
     """
     return load_victims(_context(scale, seed), logical, n)
 

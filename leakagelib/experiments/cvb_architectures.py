@@ -36,6 +36,7 @@ from .cvb_common import (
     run_attack,
     ssim_row,
     training_loads,
+    with_victims,
 )
 from .registry import Context, experiment
 from .work import Load, Net
@@ -114,13 +115,14 @@ def _table5_work(ctx: Context) -> list[list[Load]]:
     datasets=("mnist", "cifar10"),
     work=_table5_work,
 )
-def table5_architectures(ctx: Context) -> list[dict[str, Any]]:
+def table5_architectures(ctx: Context) -> dict[str, Any]:
     """CVB Table V: CNN, ResNet-18 and ViT with and without CVB (IG / ignore attack, accuracy).
 
     Models: :func:`architecture`; IG with the authors' TV weight for each
     architecture (:data:`~.cvb_common.IG_TV`: 0.1 for the CNN and ResNet-18,
     10⁻⁴ for the ViT), with and without CVB.
-    At ci the ResNet has base width 8 and the ViT 2 blocks of width 64. Rows:
+    At ci the ResNet has base width 8 and the ViT 2 blocks of width 64.
+    Victims: client 0's training images (named in the record's ``data``). Rows:
     ``dataset``, ``model``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
     ``accuracy``. Data: ``cifar10`` (and ``mnist`` at paper scale). One unit
     per row: (dataset, model, defense).
@@ -140,7 +142,7 @@ def table5_architectures(ctx: Context) -> list[dict[str, Any]]:
 
     cells = [(d, name, defense) for d in ctx.config.datasets for name in TABLE5_MODELS
              for defense in ("none", "cvb")]  # fmt: skip
-    return ctx.units(cells, unit, "Table V")
+    return with_victims(ctx, ctx.units(cells, unit, "Table V"), ctx.config.datasets)
 
 
 def medmnist_present(ctx: Context, names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -207,7 +209,8 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
     are skipped and named in the record's ``data`` (:func:`medmnist_present`;
     with none at all the run fails with those instructions). CVB at position 1
     with the paper's kernel size per dataset; IG with the authors' TV 0.1 for
-    the CNN, with and without CVB. Rows: ``dataset``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
+    the CNN, with and without CVB; victims from client 0's training images
+    (named in the record's ``data``). Rows: ``dataset``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
     ``accuracy``. One unit per row: (dataset, defense); the estimate of its
     work counts all four datasets.
     """
@@ -227,7 +230,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
                          accuracy=fedavg_accuracy(ctx, fresh, name))]  # fmt: skip
 
     cells = [(name, defense) for name in present for defense in ("none", "cvb")]
-    return {"rows": ctx.units(cells, unit, "Table VI"), "data": skipped}
+    return with_victims(ctx, ctx.units(cells, unit, "Table VI"), present, **skipped)
 
 
 @experiment(

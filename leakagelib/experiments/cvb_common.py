@@ -1,7 +1,8 @@
 """The protocol every CVB-paper experiment shares: victims, models, attacks, training, rows.
 
 CVB paper (Scheliga, Mäder, Seeland) §V, with values from the authors' code
-(dAI-SY-Group/ConvolutionalVariationalBottleneck): the attacked model is the
+(dAI-SY-Group/ConvolutionalVariationalBottleneck): the victims are training
+images of one client (§V-B; :mod:`.cvb_data`), the attacked model is the
 *untrained* network (``ckpt: 0`` in ``configs/attacks/*.yaml``); each victim
 image is its own client (:func:`~leakagelib.experiments.case.build_case`),
 attacked with its label known. Inverting Gradients (IG): cosine distance, TV
@@ -9,17 +10,18 @@ with the authors' weight for the architecture (:data:`ATTACK`'s ``ig_tv``:
 0.1 for the CNN and the ResNet-18, 10⁻⁴ for the ViT, in their TV's
 convention), signed Adam with lr 1, N(0, 1) initialisation, iterates clipped
 to the image box; iDLG and CPL: the ℓ2 distance and L-BFGS from N(0, 1), CPL
-with its label term. Every attack runs the authors' loop per image: plateau
+with its label term, weighted like the TV per architecture
+(:data:`CPL_LABEL_WEIGHT`). Every attack runs the authors' loop per image: plateau
 schedule, early stopping and the best iterate (:func:`cvb_attack`).
 Against PRECODE and CVB the "ignore" attack reads only the gradients before
 the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
 SSIM ≥ 0.5) use min–max rescaled images, as the authors' ``Scaled*`` metrics
-do. Utility is the test accuracy of FedAvg training
-(:func:`leakagelib.fl.federated_averaging`).
+do. Utility is the test accuracy of FedAvg training at its best round
+(:func:`~.cvb_data.fedavg_accuracy`, :func:`leakagelib.fedavg.federated_averaging`).
 
 The protocol's numbers at both scales are :data:`ATTACK` and :data:`TRAINING`;
 every experiment's config includes the parts it uses (:func:`cvb_config`). At
-ci scale everything is small (two images, 100 IG or 2×20 L-BFGS steps, two
+ci scale everything is small (two images, 100 IG or 10×20 L-BFGS steps, two
 short federated rounds on the embedded stand-ins); MNIST is brought to the
 authors' 3×32×32 (resized, grey channel repeated). At paper scale: 128 victim
 images, at most 20,000 IG iterations, 300 rounds with patience 40.
@@ -40,15 +42,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import metrics, models
 from ..attacks import Attack, AttackResult, preset
-from ..data import Normalizer
 from ..defenses import (
     DPSGD,
     GradientDefense,
@@ -57,9 +57,9 @@ from ..defenses import (
     epsilon_spent,
 )
 from ..defenses.bottlenecks import bottlenecks
-from ..fl import federated_averaging
 from .case import Case, build_case
 from .config import ScaleConfig, Settings
+from .cvb_data import Victims, fedavg_accuracy, load_victims, to_rgb32, with_victims
 from .registry import Context
 from .work import LBFGS_EVALUATIONS, Load, Net, evaluation_load, split_size
 
@@ -89,6 +89,7 @@ __all__ = [
     "ssim_row",
     "to_rgb32",
     "training_loads",
+    "with_victims",
 ]
 
 #: The authors' input shape for every dataset (``configs/data/*.yaml``: [3, 32, 32]).
@@ -107,6 +108,14 @@ PRECODE_TABLE2 = {"kind": "precode", "K": "adaptive", "bias": False}
 #: the Inverting Gradients preset's prior. The same with and without a bottleneck.
 IG_TV = {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
 
+#: CPL's label term in the CVB authors' code, α·‖h(x) − y‖₂ on the logits (``src/attacks.py``,
+#: ``CPL.attack_specific_regularization``), with α their ``attack.regularization``:
+#: ``configs/attacks/CPL.yaml`` sets 0.01, but ``reconstruction.ipynb`` merges the model's
+#: config after the attack's and ``configs/models/{CNN,CNNCVB,ResNet18,ResNet18CVB}.yaml`` set
+#: 0.1, ``ViT.yaml`` and ``ViTCVB.yaml`` 10⁻⁴ — the same key and values as IG's TV weight
+#: (:data:`IG_TV`). So α per architecture, with and without a bottleneck.
+CPL_LABEL_WEIGHT = {"cnn": 0.1, "resnet18": 0.1, "vit": 1e-4}
+
 #: The CVB authors' per-attack loop control (dAI-SY-Group/ConvolutionalVariationalBottleneck):
 #: ``ReduceLROnPlateau`` with factor 0.1 and, for IG, patience 400, early stopping after
 #: 4,000 steps without a lower loss (``configs/attacks/IG.yaml``; iDLG and CPL: 40 and 400 in
@@ -123,10 +132,11 @@ CVB_LOOP: dict[str, Any] = {
 #: The attack protocol: victims per dataset and the attacks' loop budgets.
 ATTACK = ScaleConfig(
     ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 10,
-        "ig_stop": 100, "lbfgs_steps": 2, "lbfgs_lr": 0.1, "lbfgs_plateau": 40, "lbfgs_stop": 400},
+        "ig_stop": 100, "lbfgs_steps": 10, "lbfgs_lr": 1.0, "lbfgs_plateau": 40, "lbfgs_stop": 400,
+        "cpl_label": CPL_LABEL_WEIGHT},
     paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 400,
            "ig_stop": 4_000, "lbfgs_steps": 2_000, "lbfgs_lr": 0.01, "lbfgs_plateau": 40,
-           "lbfgs_stop": 400},
+           "lbfgs_stop": 400, "cpl_label": CPL_LABEL_WEIGHT},
     sources={
         "victims": "§V-B: the victim set of 128 images per dataset",
         "ig_steps": "§V-B and configs/attacks/IG.yaml: at most 20,000 iterations",
@@ -137,26 +147,34 @@ ATTACK = ScaleConfig(
                       "within 100 steps)",
         "ig_stop": "configs/attacks/IG.yaml: early stopping patience 4,000 (ci: the budget)",
         "lbfgs_steps": "configs/attacks/iDLG.yaml and CPL.yaml: at most 2,000 iterations "
-                       "(L-BFGS steps of up to 20 inner iterations)",
-        "lbfgs_lr": "configs/attacks/iDLG.yaml and CPL.yaml: LBFGS lr 0.01 (ci: ours)",
+                       "(L-BFGS steps of up to 20 inner iterations; ci: 10, where the undefended "
+                       "iDLG first recovers an image on both stand-ins)",
+        "lbfgs_lr": "configs/attacks/iDLG.yaml and CPL.yaml: LBFGS lr 0.01 (ci: ours, 1, the "
+                    "larger step that 10 steps need; 3 diverges)",
         "lbfgs_plateau": "configs/attacks/iDLG.yaml and CPL.yaml: ReduceLROnPlateau patience 40",
         "lbfgs_stop": "configs/attacks/iDLG.yaml and CPL.yaml: early stopping patience 400",
+        "cpl_label": "configs/models/*.yaml: attack.regularization per architecture, which "
+                     "overrides configs/attacks/CPL.yaml's 0.01 (CPL_LABEL_WEIGHT); ci: the same",
     },
 )  # fmt: skip
-#: CPL's label term in the CVB authors' code: 0.01·‖h(x) − y‖₂ on the logits
-#: (``configs/attacks/CPL.yaml``, ``regularization: 0.01``; ``src/attacks.py``, ``CPL``).
-CPL_LABEL_WEIGHT = 0.01
 
-#: The federated training protocol behind every accuracy (§V-A).
+#: The federated training protocol behind every accuracy (§V-A) and the victims' client split
+#: (:mod:`.cvb_data`). The optimiser, its constant lr, the global validation loss and the
+#: reported best round are :func:`leakagelib.fedavg.federated_averaging`'s (its docstring
+#: cites the authors' code).
 TRAINING = ScaleConfig(
     ci={"clients": 2, "rounds": 2, "patience": None, "n_train": 256, "batch_size": 64,
         "val_fraction": 0.1},
     paper={"clients": 10, "rounds": 300, "patience": 40, "n_train": None, "batch_size": 64,
            "val_fraction": 0.1},
     sources={
-        "clients": "§V-A", "rounds": "§V-A", "patience": "§V-A: early stopping on validation loss",
-        "n_train": "§V-A: the whole training split (None)", "batch_size": "§V-A",
-        "val_fraction": "§V-A: every client's validation split",
+        "clients": "§V-A; configs/fedavg.yaml num_clients 10",
+        "rounds": "§V-A; configs/fedavg.yaml communication_rounds 300",
+        "patience": "§V-A; configs/fedavg.yaml glob.early_stopping: 40 rounds on the global "
+                    "model's validation loss",
+        "n_train": "§V-A: the whole training split (None)",
+        "batch_size": "§V-A; configs/fedavg.yaml batch_size 64",
+        "val_fraction": "§V-A; configs/data/*.yaml create_validation_split 0.1",
     },
 )  # fmt: skip
 
@@ -179,33 +197,6 @@ def cvb_config(
 def reference_rows(columns: Sequence[str], *values: Sequence[Any]) -> list[dict[str, Any]]:
     """The paper's rows as dicts of ``columns``; a ``None`` (lost in our copy) is left out."""
     return [{c: v for c, v in zip(columns, row, strict=True) if v is not None} for row in values]
-
-
-class Victims(NamedTuple):
-    """The attacked images (N × 3 × 32 × 32 in [0, 1]), their labels and the normaliser."""
-
-    images: Tensor
-    labels: Tensor
-    norm: Normalizer
-
-
-def to_rgb32(images: Tensor, norm: Normalizer) -> tuple[Tensor, Normalizer]:
-    """Images brought to the authors' 3×32×32: resized to 32×32, a grey channel repeated."""
-    if images.shape[-2:] != (32, 32):
-        images = F.interpolate(images, size=(32, 32), mode="bilinear", align_corners=False).clamp(
-            0, 1
-        )
-    if images.shape[1] == 1:
-        images = images.repeat(1, 3, 1, 1)
-        norm = Normalizer(mean=norm.mean * 3, std=norm.std * 3)
-    return images, norm
-
-
-def load_victims(ctx: Context, logical: str, n: int) -> Victims:
-    """``n`` test images of ``logical`` as the authors feed them (:func:`to_rgb32`)."""
-    images, labels, norm = ctx.dataset(logical, n=n, split="test")
-    images, norm = to_rgb32(images, norm)
-    return Victims(images, labels, norm)
 
 
 def cnn(bottleneck: Any = None, *, seed: int = 0, num_classes: int = 10) -> nn.Module:
@@ -248,8 +239,8 @@ def cvb_attack(
     ``clip_dummies``): at most ``lbfgs_steps`` L-BFGS steps from
     ``lbfgs_lr``, patience ``lbfgs_plateau`` and ``lbfgs_stop``, N(0, 1)
     start, the ℓ2 distance ‖g − s‖² (the authors' ``GL2``, a sum of squares:
-    σ = 1/√2); CPL adds :data:`CPL_LABEL_WEIGHT` times the distance of the
-    logits to the label (:class:`~leakagelib.attacks.LogitLabelDistance`).
+    σ = 1/√2); CPL adds ``cpl_label[architecture]`` (:data:`CPL_LABEL_WEIGHT`)
+    times the distance of the logits to the label (:class:`~leakagelib.attacks.LogitLabelDistance`).
     ``include`` restricts the likelihood (the ignore attack,
     :func:`attack_layers`); ``steps`` and ``lr`` replace the scale's values
     (the chapter's short attacks).
@@ -268,7 +259,7 @@ def cvb_attack(
                    "labels": "given", "plateau_patience": settings.lbfgs_plateau,
                    "stop_patience": settings.lbfgs_stop}  # fmt: skip
         options.update({"box": True} if name == "idlg" else
-                       {"label_weight": CPL_LABEL_WEIGHT, "label_term": "logits"})  # fmt: skip
+                       {"label_weight": settings.cpl_label[architecture], "label_term": "logits"})  # fmt: skip
     else:
         raise ValueError(f"unknown attack {name!r}; use one of {ATTACKS}")
     options.update(CVB_LOOP)
@@ -304,26 +295,6 @@ def ssim_row(case: Case, result: AttackResult, **fields: Any) -> dict[str, Any]:
     ssim = case.score(result, "ssim_minmax")
     std = float(ssim.std()) if ssim.numel() > 1 else 0.0
     return {**fields, "ssim": float(ssim.mean()), "ssim_std": std, "asr": metrics.asr(ssim)}
-
-
-def fedavg_accuracy(
-    ctx: Context, model: nn.Module, logical: str, *, defense: GradientDefense | None = None
-) -> float:
-    """Final test accuracy of FedAvg training of ``model`` on ``logical`` (:data:`TRAINING`)."""
-    s, device = ctx.config, ctx.device
-    x, y, norm = ctx.dataset(logical, split="train")
-    xt, yt, _ = ctx.dataset(logical, split="test")
-    x, norm3 = to_rgb32(x, norm)
-    xt, _ = to_rgb32(xt, norm)
-    if s.n_train is not None:
-        x, y = x[: s.n_train], y[: s.n_train]
-    result = federated_averaging(
-        model, norm3.normalize(x).to(device), y.to(device), rounds=s.rounds, clients=s.clients,
-        patience=s.patience, batch_size=s.batch_size, val_fraction=s.val_fraction,
-        test=(norm3.normalize(xt).to(device), yt.to(device)), defense=defense, seed=ctx.seed,
-    )  # fmt: skip
-    accs = [h["test_accuracy"] for h in result.history]
-    return float(accs[-1]) if accs else float("nan")
 
 
 def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:

@@ -33,29 +33,50 @@ from .cvb_common import (
     run_attack,
     ssim_row,
     training_loads,
+    with_victims,
 )
 from .registry import Context, experiment
 from .work import Load
 
-#: Table I's variants by name (:func:`ignore_variants`), in its order.
-VARIANTS = ("all", "without decoder", "without classifier", "without decoder and later")
+#: Table I's variants at each PRECODE position, in its order: the gradients each attack leaves
+#: out. At position 3 (before the head) the table leaves out the decoder, the classifier or
+#: both; at position 2 (between conv2 and conv3) also conv3, alone and with the decoder (its
+#: six rows; the paper's columns there are conv1, conv2, encoder, decoder, conv3, classifier).
+VARIANTS: dict[int, tuple[str, ...]] = {
+    3: ("all", "without decoder", "without classifier", "without decoder and later"),
+    2: ("all", "without classifier", "without conv3", "without decoder",
+        "without decoder and conv3", "without decoder and later"),
+}  # fmt: skip
+#: Every variant's name, in a fixed order: a variant's index is its attack's seed offset.
+VARIANT_NAMES = ("all", "without decoder", "without classifier", "without decoder and later",
+                 "without conv3", "without decoder and conv3")  # fmt: skip
+#: The parameter-name prefixes each partial variant leaves out (the full one: the decoder and
+#: everything after it, :func:`leakagelib.defenses.attacked_parameters`).
+LEFT_OUT = {
+    "without decoder": ("precode.decoder.",),
+    "without classifier": ("head.",),
+    "without conv3": ("conv3.",),
+    "without decoder and conv3": ("precode.decoder.", "conv3."),
+}
 
 
-def ignore_variants(model: nn.Module) -> dict[str, list[str]]:
-    """Table I's variants: the parameters each attack reads, from all to the ignore attack's."""
+def ignore_variants(model: nn.Module, position: int) -> dict[str, list[str]]:
+    """Table I's variants for PRECODE at ``position``: the parameters each attack reads.
+
+    From all of them to the ignore attack's (those before the decoder), in
+    the table's order (:data:`VARIANTS`).
+    """
+    if position not in VARIANTS:
+        raise ValueError(f"Table I places PRECODE at {sorted(VARIANTS)}, not {position}")
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    chosen = (
-        names,
-        [n for n in names if not n.startswith("precode.decoder.")],
-        [n for n in names if not n.startswith("head.")],
-        attacked_parameters(model),
-    )
-    return dict(zip(VARIANTS, chosen, strict=True))
+    chosen = {"all": names, "without decoder and later": attacked_parameters(model)}
+    chosen |= {v: [n for n in names if not n.startswith(p)] for v, p in LEFT_OUT.items()}
+    return {v: chosen[v] for v in VARIANTS[position]}
 
 
 def table1_units(settings: Settings) -> list[tuple[int, str]]:
     """Table I's cells: (0, "all") without PRECODE, then (position, variant) for every position."""
-    return [(0, "all")] + [(pos, label) for pos in settings.positions for label in VARIANTS]
+    return [(0, "all")] + [(pos, label) for pos in settings.positions for label in VARIANTS[pos]]
 
 
 def _table1_work(ctx: Context) -> list[list[Load]]:
@@ -69,6 +90,7 @@ def _table1_work(ctx: Context) -> list[list[Load]]:
     row_keys=("position", "attacked", "ssim", "asr"),
     config=cvb_config(
         ATTACK,
+        TRAINING,
         ci={"positions": (3,)},
         paper={"positions": (3, 2)},
         sources={"positions": "Table I: PRECODE at positions 3 and 2"},
@@ -81,17 +103,23 @@ def _table1_work(ctx: Context) -> list[list[Load]]:
         (3, "without classifier", 0.0),
         (3, "without decoder and later", 0.8594),
         (2, "all", 0.0),
+        (2, "without classifier", 0.0),
+        (2, "without conv3", 0.0),
+        (2, "without decoder", 0.0),
+        (2, "without decoder and conv3", 0.0),
         (2, "without decoder and later", 0.0781),
     ),
     reference_source="CVB paper, Table I (ASR as a fraction; its SSIMs are lost in our copy)",
     datasets=("cifar10",),
     work=_table1_work,
 )
-def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
+def table1_ignore(ctx: Context) -> dict[str, Any]:
     """CVB Table I: which gradients the attack reads versus its success, PRECODE at positions 3 and 2.
 
     IG (the authors' TV 0.1 for this CNN) on the CNN without PRECODE, then on PRECODE (Table II's) at
-    each position reading the gradients of :func:`ignore_variants`. Rows:
+    each position reading the gradients of :func:`ignore_variants` — at position 2 also the
+    two variants that leave out conv3. Victims: client 0's training images
+    (:func:`~.cvb_data.load_victims`, named in the record's ``data``). Rows:
     ``position`` (0 = no PRECODE), ``attacked`` (the variant), ``ssim`` (mean,
     min–max rescaled), ``ssim_std``, ``asr``. Data: ``cifar10``. One unit per
     row (:func:`table1_units`).
@@ -105,12 +133,12 @@ def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
             case, result = run_attack(ctx, cnn(seed=ctx.seed), victims, ig(include=None))
         else:
             model = cnn({**PRECODE_TABLE2, "position": position}, seed=ctx.seed)
-            include = ignore_variants(model)[label]
+            include = ignore_variants(model, position)[label]
             case, result = run_attack(ctx, model, victims, ig(include=include),
-                                      offset=VARIANTS.index(label))  # fmt: skip
+                                      offset=VARIANT_NAMES.index(label))  # fmt: skip
         return [ssim_row(case, result, position=position, attacked=label)]
 
-    return ctx.units(table1_units(ctx.config), unit, "Table I")
+    return with_victims(ctx, ctx.units(table1_units(ctx.config), unit, "Table I"), ["cifar10"])
 
 
 @experiment(
@@ -140,13 +168,14 @@ def table1_ignore(ctx: Context) -> list[dict[str, Any]]:
         for _ in ctx.config.positions
     ],
 )
-def table2_placement(ctx: Context) -> list[dict[str, Any]]:
+def table2_placement(ctx: Context) -> dict[str, Any]:
     """CVB Table II: PRECODE at each position — added parameters, privacy (ignore attack) and accuracy.
 
     PRECODE with K = C/2 and no biases (which reproduces the table's parameter
     counts exactly), attacked by IG (TV 0.1, the authors' for this CNN) reading the gradients before its
     decoder. Rows: ``position`` (0 = baseline), ``parameters`` (total),
     ``added`` (by PRECODE), ``ssim``, ``ssim_std``, ``asr``, ``accuracy``.
+    Victims: client 0's training images (named in the record's ``data``).
     Data: ``cifar10``. One unit per position.
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
@@ -161,4 +190,4 @@ def table2_placement(ctx: Context) -> list[dict[str, Any]]:
         return [ssim_row(case, result, position=position, parameters=total,
                          added=n_added(model), accuracy=accuracy)]  # fmt: skip
 
-    return ctx.units(ctx.config.positions, unit, "Table II")
+    return with_victims(ctx, ctx.units(ctx.config.positions, unit, "Table II"), ["cifar10"])
