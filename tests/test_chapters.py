@@ -68,8 +68,8 @@ def test_chapter_follows_the_book_conventions(path: Path):
     assert 'SCALE = "ci"' in "".join(code[0]["source"])
     assert any("remove-cell" in c["metadata"].get("tags", []) for c in code), "claims are asserted"
     text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert "## Exercises" in text and ":class: dropdown" in text, (
-        "exercises with dropdown solutions"
+    assert "## Exercises" in text and "{solution-start}" in text, (
+        "exercises with gated solutions (tests/test_book_pages.py checks them)"
     )
     for c in code:
         src = "".join(c["source"])

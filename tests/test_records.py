@@ -115,3 +115,14 @@ def test_a_record_gets_the_permissions_of_an_ordinary_new_file(tmp_path):
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_run_takes_its_device_from_the_environment_when_none_is_named(monkeypatch):
+    """Chapters call ``experiments.run`` without a device; ``$LEAKAGELIB_DEVICE`` moves them."""
+    monkeypatch.setattr(registry.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(registry.DEVICE_ENV, "cuda")
+    with pytest.raises(RuntimeError, match="device 'cuda' asked for"):
+        registry.run("intro/bias-attack", "ci", progress=False)
+    monkeypatch.setenv(registry.DEVICE_ENV, "")
+    made = registry.run("intro/bias-attack", "ci", progress=False)
+    assert made["provenance"]["device"] == "cpu"

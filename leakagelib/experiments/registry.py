@@ -49,6 +49,9 @@ STAND_INS: dict[str, str] = {
 }
 
 DATA_ENV = "LEAKAGELIB_DATA"
+#: The device of :func:`run` when none is named (``cpu`` when unset): a chapter's
+#: ``%env LEAKAGELIB_DEVICE=cuda`` puts its registered experiments on the GPU.
+DEVICE_ENV = "LEAKAGELIB_DEVICE"
 
 
 def parse_data_overrides(items: Iterable[str]) -> dict[str, str]:
@@ -321,7 +324,7 @@ def run(
     id: str,
     scale: str = "ci",
     *,
-    device: str = "cpu",
+    device: str | None = None,
     seed: int = 0,
     data: dict[str, str] | None = None,
     progress: bool = True,
@@ -333,9 +336,9 @@ def run(
     Overrides in ``$LEAKAGELIB_DATA`` apply first; ``data`` overrides them.
     ``download`` is :attr:`Context.download` (default: only at paper scale).
     ``partial`` keeps finished units (see :meth:`Context.units`) so that an
-    interrupted run can be resumed.
+    interrupted run can be resumed. ``device`` defaults to ``$LEAKAGELIB_DEVICE`` or ``cpu``.
     """
-    exp = get(id)
+    exp, device = get(id), device or os.environ.get(DEVICE_ENV, "").strip() or "cpu"
     overrides = {**env_data_overrides(), **(data or {})}
     ctx = Context(
         scale=scale,
