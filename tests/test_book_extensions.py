@@ -3,7 +3,8 @@
 The reproduction index lists every registered experiment with its paper,
 chapter and record; the bibliography lists the cited works only, labelled
 author–year as the text cites them; the status page states the build's
-versions, hardware and commit.
+versions, hardware and commit; the execution guard keeps nbclient's Output-widget mimic off
+the shell channel and names a stalled chapter and cell.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _load(name: str):
 reproduction = _load("reproduction")
 bibstyle = _load("bibstyle")
 provenance = _load("provenance")
+execution_guard = _load("execution_guard")
 
 CHAPTERS = {f"book/{p.stem}": p for p in sorted(BOOK.glob("*.ipynb"))}
 
@@ -179,3 +181,38 @@ def test_build_provenance_states_versions_hardware_and_commit():
     assert facts["NumPy"] == numpy.__version__
     assert facts["CPU"] and facts["logical CPUs"] and facts["GPU"]
     assert re.match(r"`[0-9a-f]{40}`|unknown", facts["commit"]), facts["commit"]
+
+
+def test_execution_guard_turns_off_the_widget_sync_and_watches_cells():
+    """setup() makes OutputWidget.sync_state send nothing and wraps nbclient's cell execution."""
+    import nbclient.client
+    import nbclient.output_widget
+
+    widget, client = nbclient.output_widget.OutputWidget, nbclient.client.NotebookClient
+    saved = widget.sync_state, client.async_execute_cell
+
+    class App:
+        def __init__(self):
+            self.events = []
+
+        def connect(self, event, handler):
+            self.events.append(event)
+
+    app = App()
+    try:
+        execution_guard.setup(app)
+        assert widget.sync_state is execution_guard._no_sync
+        assert client.async_execute_cell is not saved[1]
+        assert {"builder-inited", "source-read"} <= set(app.events)
+    finally:
+        widget.sync_state, client.async_execute_cell = saved
+
+
+def test_execution_guard_names_the_stalled_chapter_and_cell():
+    """The watchdog's message names chapter and cell once the limit has passed, not before."""
+    running = {"docname": "book/breaking_defenses", "cell": 18, "since": 100.0}
+    assert execution_guard.stalled_message(running, now=400.0, limit=360.0) is None
+    message = execution_guard.stalled_message(running, now=500.0, limit=360.0)
+    assert "book/breaking_defenses" in message and "cell 18" in message and "400 s" in message
+    idle = {"docname": "book/intro", "cell": None, "since": None}
+    assert execution_guard.stalled_message(idle, now=1e9, limit=1.0) is None
