@@ -32,6 +32,11 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+#: The commit checked out when the library was imported: the code a run executes. Read once, so
+#: that a long run's record does not name a commit checked out while it ran.
+IMPORTED_COMMIT = _git_commit()
+
+
 def _device_name(device: str) -> str:
     import torch
 
@@ -41,14 +46,18 @@ def _device_name(device: str) -> str:
 
 
 def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]:
-    """Where and how a record was made: commit, versions, device, seed, wall time."""
+    """Where and how a record was made: commit, versions, device, seed, wall time.
+
+    The commit is :data:`IMPORTED_COMMIT`, the one whose code ran, not the one checked out when
+    the record is written (a paper-scale run can outlast several commits).
+    """
     import numpy
     import torch
 
     from . import __version__
 
     return {
-        "commit": _git_commit(),
+        "commit": IMPORTED_COMMIT,
         "leakagelib": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from leakagelib import records
 from leakagelib.experiments import registry
 from leakagelib.records import read_record, write_record
 
@@ -126,3 +127,10 @@ def test_run_takes_its_device_from_the_environment_when_none_is_named(monkeypatc
     monkeypatch.setenv(registry.DEVICE_ENV, "")
     made = registry.run("intro/bias-attack", "ci", progress=False)
     assert made["provenance"]["device"] == "cpu"
+
+
+def test_provenance_names_the_commit_the_library_was_imported_at(monkeypatch):
+    """A long run's record names the code that ran, not a commit checked out while it ran."""
+    monkeypatch.setattr(records, "IMPORTED_COMMIT", "a" * 40)
+    monkeypatch.setattr(records, "_git_commit", lambda: "b" * 40)
+    assert records.provenance(seed=0, device="cpu", wall_seconds=1.0)["commit"] == "a" * 40

@@ -76,8 +76,9 @@ def run_once(cells: int, stall: float) -> str:
         worker.join(2)
         if time.monotonic() - progress["at"] > stall:
             outcome["result"] = f"STALL after cell {progress['cell']} (kernel and client idle)"
-            if client.km is not None:
-                client.km.kill_kernel()
+            process = getattr(getattr(client.km, "provisioner", None), "process", None)
+            if process is not None:  # the kernel's process (jupyter_client's local provisioner)
+                process.kill()
             worker.join(30)
             break
     return outcome.get("result", "unknown")
