@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.stem}: {len(read_chapter(path).exercises)} exercises -> {target}")
         except (ValueError, RuntimeError) as err:
             failed.append(f"{path.stem}: {err}")
-    print("\n".join(failed), file=sys.stderr)
+    for failure in failed:
+        print(failure, file=sys.stderr)
     return 1 if failed else 0
 
 
