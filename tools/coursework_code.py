@@ -104,13 +104,16 @@ def surgery(source: str, where: str, asserts: bool) -> tuple[list[ast.stmt], lis
 
 def needed(stmts: list[ast.stmt], read_elsewhere: set[str], keep_asserts: bool) -> list[ast.stmt]:
     """The statements worth keeping: one that asserts (if ``keep_asserts``), a bare expression,
-    or one binding a name read by a later kept statement or by other code (``read_elsewhere``)."""
+    or one binding a name read by a later kept statement or by other code (``read_elsewhere``).
+    A loop's variable does not count: names like ``attack`` recur, and a loop kept only for
+    its variable would be a loop that computes nothing anyone reads."""
     kept: list[ast.stmt] = []
     later = set(read_elsewhere)
     for stmt in reversed(stmts):
         asserts = keep_asserts and any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
         plain = isinstance(stmt, ast.Expr) or asserts
-        if plain or binds(stmt) & later:
+        loops = [n.target for n in ast.walk(stmt) if isinstance(n, ast.For | ast.AsyncFor)]
+        if plain or (binds(stmt) - set().union(*map(_stored, loops))) & later:
             kept.append(stmt)
             later |= reads(stmt)
     return kept[::-1]
