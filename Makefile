@@ -1,10 +1,11 @@
 # Two commands: `make book` builds the site into _build/html, `make test` runs everything CI runs.
+# (`make coursework` writes the student versions and autograders for a course.)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv book test lint unit chapters offline-check clean
+.PHONY: venv book test lint unit chapters offline-check coursework clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +68,13 @@ test: lint unit book chapters
 SHOTS ?= _build/offline
 offline-check: $(STAMP)
 	$(BIN)/python tools/check_offline.py _build/html $(if $(SHOTS),--screenshots $(SHOTS))
+
+# Coursework (book/teachers.md): a student version of every chapter, its exercises' solutions
+# and hidden checks stripped, and an otter-grader autograder whose tests are those checks, in
+# _build/coursework/<chapter>/{student,autograder}. Nothing is executed; grading a submission is
+# `$(BIN)/python tools/coursework.py grade CHAPTER SUBMISSION.ipynb ...`.
+coursework: $(STAMP)
+	$(BIN)/python tools/coursework.py build
 
 clean:
 	rm -rf _build $(WIDGETS)
