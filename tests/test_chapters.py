@@ -142,3 +142,35 @@ def test_marked_outputs_still_match(path: Path):
     for cell, new in zip(stored, ran, strict=True):
         if cell["cell_type"] == "code" and NBVAL_MARK in "".join(cell["source"]):
             assert _text(new.get("outputs", [])) == _text(cell["outputs"]), "".join(cell["source"])
+
+
+#: A figure's limits, in pixels of its PNG: the page shows about 800 px of width, so a wider
+#: figure is scaled down — a panel strip wider than MAX_ASPECT times its height shrinks its
+#: text below legibility (the "all 8 images" scatter once came out 1884 × 299).
+MIN_SIDE, MAX_WIDTH, MAX_ASPECT = 100, 2400, 5.0
+
+
+def _png_size(data: str) -> tuple[int, int]:
+    """Width and height from a base64 PNG's IHDR chunk."""
+    import base64
+    import struct
+
+    head = base64.b64decode(data[:64])
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_every_figure_is_of_a_size_the_page_can_show(path: Path):
+    nb = executed(path)
+    sizes = [
+        (i, *_png_size(o["data"]["image/png"]))
+        for i, c in enumerate(nb["cells"])
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
+    bad = [
+        (cell, w, h)
+        for cell, w, h in sizes
+        if min(w, h) < MIN_SIDE or w > MAX_WIDTH or w / h > MAX_ASPECT
+    ]
+    assert not bad, f"{path.name}: figures (cell, width, height) outside the page's limits: {bad}"
