@@ -39,11 +39,24 @@ from .init import initialise
 from .registry import register
 from .staging import norm_layer, staged
 
-__all__ = ["BasicBlock", "build_resnet18"]
+__all__ = ["BasicBlock", "build_resnet18", "head", "residual_layers", "resnet_stem", "shortcut"]
 
 _STEMS = ("imagenet", "cifar")
 _BLOCKS_PER_LAYER = (2, 2, 2, 2)
-_STRIDES = (1, 2, 2, 2)
+
+
+def shortcut(
+    in_channels: int, out_channels: int, stride: int, norm: str, groups: int
+) -> nn.Module | None:
+    """A residual block's shortcut: a 1×1 convolution with norm where the shape changes, else none."""
+    if stride == 1 and in_channels == out_channels:
+        return None
+    return nn.Sequential(
+        OrderedDict(
+            conv=nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+            norm=norm_layer(norm, out_channels, groups=groups),
+        )
+    )
 
 
 class BasicBlock(nn.Module):
@@ -64,14 +77,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
         self.norm2 = norm_layer(norm, channels, groups=groups)
         self.act2 = nn.ReLU()
-        self.downsample: nn.Module | None = None
-        if skip and (stride != 1 or in_channels != channels):
-            self.downsample = nn.Sequential(
-                OrderedDict(
-                    conv=nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False),
-                    norm=norm_layer(norm, channels, groups=groups),
-                )
-            )
+        self.downsample = shortcut(in_channels, channels, stride, norm, groups) if skip else None
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.norm2(self.conv2(self.act1(self.norm1(self.conv1(x)))))
@@ -83,7 +89,7 @@ class BasicBlock(nn.Module):
         return f"skip={self.skip}"
 
 
-def _stem(kind: str, c: int, width: int, norm: str, groups: int) -> nn.Sequential:
+def resnet_stem(kind: str, c: int, width: int, norm: str, groups: int) -> nn.Sequential:
     """The stem: torchvision's 7×7/2 convolution and max-pool ("imagenet"), or a 3×3 ("cifar")."""
     if kind == "imagenet":
         return nn.Sequential(
@@ -103,25 +109,42 @@ def _stem(kind: str, c: int, width: int, norm: str, groups: int) -> nn.Sequentia
     )
 
 
-def _layers(
-    width: int, norm: str, groups: int, cut: set[int]
+def residual_layers(
+    block: type[nn.Module],
+    counts: tuple[int, ...],
+    width: int,
+    expansion: int,
+    norm: str,
+    groups: int,
+    cut: set[int],
 ) -> tuple[list[tuple[str, nn.Module]], int]:
-    """``layer1`` … ``layer4`` of basic blocks (skips removed in ``cut``), and the last width."""
+    """``layer1`` … of ``counts[i]`` blocks each, and the last width (ResNet-18 and ResNet-101).
+
+    Stage i has ``width·2^(i-1)`` planes and stride 1 for the first stage, 2
+    after (on its first block); ``block(in, planes, stride, norm, groups,
+    skip)`` outputs ``expansion·planes`` channels; blocks are named
+    ``block1``, ``block2``, … in forward order, and those numbered in ``cut``
+    lose their skip connection.
+    """
     layers: list[tuple[str, nn.Module]] = []
     in_channels, index = width, 0
-    for layer_i, (count, stride) in enumerate(
-        zip(_BLOCKS_PER_LAYER, _STRIDES, strict=True), start=1
-    ):
-        channels = width * 2 ** (layer_i - 1)
+    for layer_i, count in enumerate(counts, start=1):
+        planes, stride = width * 2 ** (layer_i - 1), 1 if layer_i == 1 else 2
         blocks: OrderedDict[str, nn.Module] = OrderedDict()
         for j in range(count):
             index += 1
-            blocks[f"block{index}"] = BasicBlock(
-                in_channels, channels, stride if j == 0 else 1, norm, groups, skip=index not in cut
+            blocks[f"block{index}"] = block(
+                in_channels, planes, stride if j == 0 else 1, norm, groups, skip=index not in cut
             )
-            in_channels = channels
+            in_channels = planes * expansion
         layers.append((f"layer{layer_i}", nn.Sequential(blocks)))
     return layers, in_channels
+
+
+def head(features: int, num_classes: int, bias: bool) -> list[tuple[str, nn.Module]]:
+    """The ``pool`` (global average pool, flatten) and ``fc`` stages of a ResNet."""
+    pool = nn.Sequential(OrderedDict(avg=nn.AdaptiveAvgPool2d(1), flat=nn.Flatten()))
+    return [("pool", pool), ("fc", nn.Linear(features, num_classes, bias=bias))]
 
 
 @register("resnet18")
@@ -165,16 +188,9 @@ def build_resnet18(
         )
     if init not in ("kaiming", "torch"):
         raise ValueError(f"unknown init {init!r} for resnet18; use 'kaiming' or 'torch'")
-    stem_module = _stem(stem, in_shape[0], width, norm, groups)  # built first: torch init order
-    layers, in_channels = _layers(width, norm, groups, cut)
+    stem_module = resnet_stem(stem, in_shape[0], width, norm, groups)  # built first
+    layers, features = residual_layers(BasicBlock, _BLOCKS_PER_LAYER, width, 1, norm, groups, cut)
     model = staged(
-        in_shape,
-        "resnet18",
-        [
-            ("stem", stem_module),
-            *layers,
-            ("pool", nn.Sequential(OrderedDict(avg=nn.AdaptiveAvgPool2d(1), flat=nn.Flatten()))),
-            ("fc", nn.Linear(in_channels, num_classes, bias=bias)),
-        ],
+        in_shape, "resnet18", [("stem", stem_module), *layers, *head(features, num_classes, bias)]
     )
     return initialise(model, init)

@@ -30,19 +30,17 @@ unit (Appendix D) and a cut block as three plain layers. Used by experiment
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from torch import Tensor, nn
 
 from .init import initialise
 from .registry import register
+from .resnet import head, residual_layers, resnet_stem, shortcut
 from .staging import norm_layer, staged
 
 __all__ = ["BLOCKS", "Bottleneck", "build_resnet101"]
 
 #: Bottleneck blocks per stage of ResNet-101 (inversefed's ``ResNet101`` entry).
 BLOCKS = (3, 4, 23, 3)
-_STRIDES = (1, 2, 2, 2)
 #: Output channels of a bottleneck block per ``planes`` (torchvision's ``Bottleneck.expansion``).
 EXPANSION = 4
 
@@ -69,14 +67,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
         self.norm3 = norm_layer(norm, out, groups=groups)
         self.act3 = nn.ReLU()
-        self.downsample: nn.Module | None = None
-        if skip and (stride != 1 or in_channels != out):
-            self.downsample = nn.Sequential(
-                OrderedDict(
-                    conv=nn.Conv2d(in_channels, out, 1, stride=stride, bias=False),
-                    norm=norm_layer(norm, out, groups=groups),
-                )
-            )
+        self.downsample = shortcut(in_channels, out, stride, norm, groups) if skip else None
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.act1(self.norm1(self.conv1(x)))
@@ -87,23 +78,6 @@ class Bottleneck(nn.Module):
 
     def extra_repr(self) -> str:
         return f"skip={self.skip}"
-
-
-def _stages(width: int, norm: str, groups: int, cut: set[int]) -> list[tuple[str, nn.Module]]:
-    """``layer1`` … ``layer4`` of bottleneck blocks ``block1`` … ``block33`` (skips cut in ``cut``)."""
-    layers: list[tuple[str, nn.Module]] = []
-    in_channels, index = width, 0
-    for layer_i, (count, stride) in enumerate(zip(BLOCKS, _STRIDES, strict=True), start=1):
-        planes = width * 2 ** (layer_i - 1)
-        blocks: OrderedDict[str, nn.Module] = OrderedDict()
-        for j in range(count):
-            index += 1
-            blocks[f"block{index}"] = Bottleneck(
-                in_channels, planes, stride if j == 0 else 1, norm, groups, skip=index not in cut
-            )
-            in_channels = planes * EXPANSION
-        layers.append((f"layer{layer_i}", nn.Sequential(blocks)))
-    return layers
 
 
 @register("resnet101")
@@ -135,23 +109,9 @@ def build_resnet101(
             f"cut_skip holds 1-based bottleneck-block indices in 1..{sum(BLOCKS)}, "
             f"got {tuple(cut_skip)}"
         )
-    stem = nn.Sequential(
-        OrderedDict(
-            conv=nn.Conv2d(in_shape[0], width, 3, stride=1, padding=1, bias=False),
-            norm=norm_layer(norm, width, groups=groups),
-            act=nn.ReLU(),
-        )
-    )
-    layers = _stages(width, norm, groups, cut)
-    features = width * 2 ** (len(BLOCKS) - 1) * EXPANSION
+    stem = resnet_stem("cifar", in_shape[0], width, norm, groups)  # built first: torch init order
+    layers, features = residual_layers(Bottleneck, BLOCKS, width, EXPANSION, norm, groups, cut)
     model = staged(
-        in_shape,
-        "resnet101",
-        [
-            ("stem", stem),
-            *layers,
-            ("pool", nn.Sequential(OrderedDict(avg=nn.AdaptiveAvgPool2d(1), flat=nn.Flatten()))),
-            ("fc", nn.Linear(features, num_classes, bias=bias)),
-        ],
+        in_shape, "resnet101", [("stem", stem), *layers, *head(features, num_classes, bias)]
     )
     return initialise(model, "kaiming")
