@@ -20,8 +20,9 @@ turns ``OutputWidget.sync_state`` into a no-op.
 
 **The watchdog.** If a cell still runs past the build's per-cell limit (``execute.timeout`` in
 ``_config.yml``) plus a minute, a thread independent of the event loop prints which chapter and
-which cell stopped, and interrupts the build (nbclient's own timeout does not fire when the
-event loop waits on a message that never comes).
+which cell stopped, and interrupts the build. nbclient's own timeout (``execute.timeout``)
+normally ends such a cell first — a slow cell under heavy load was stopped by it after 300 s —
+but it runs in the event loop that waits for the lost message; the thread does not.
 """
 
 from __future__ import annotations
