@@ -40,12 +40,13 @@ $(WIDGETS)/.fetched: Makefile tools/widgets-paths.js
 # Writes every chapter's install cell from _config.yml's repository.url and the library's version
 # (tools/install_cells.py: a pinned install of the tag v<version>), executes every chapter once
 # (afresh: the cache of an earlier build is dropped, since it keys on the notebooks' code, not on
-# the library's) and builds the site; the executed notebooks stay in _build/.jupyter_cache, where
-# the chapter tests read them.
+# the library's, and `--all` makes Sphinx read every page again, since otherwise it skips the
+# chapters whose files did not change and nothing would be executed) and builds the site; the
+# executed notebooks stay in _build/.jupyter_cache, where the chapter tests read them.
 book: $(STAMP) $(WIDGETS)/.fetched
 	$(BIN)/python tools/install_cells.py
 	rm -rf _build/.jupyter_cache
-	$(BIN)/jupyter-book build . -W --keep-going
+	$(BIN)/jupyter-book build . -W --keep-going --all
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
