@@ -97,6 +97,8 @@ def test_student_version_keeps_every_cell_the_reader_sees(built: Path, path: Pat
     code_cells = [c.source for c in student(built, path) if c.cell_type == "code"]
     visible = [c.source for kind, c in chapter.parts if kind == "code"]
     assert [s for s in code_cells if s in visible] == visible, path.name
+    as_shown = [c.source for kind, c in read(path, student=False).parts if kind == "code"]
+    assert [code.show_figures(s, path.name) for s in as_shown] == visible, path.name
     headings = [
         ln for kind, c in chapter.parts if kind == "markdown" for ln in c.source.split("\n")
     ]
@@ -126,6 +128,33 @@ def test_hidden_cells_lose_asserts_and_glue_and_keep_what_later_code_reads():
     assert "glue" not in test and "assert found" in test and "assert est < 1" in test
     names = code.free(code.needed(checks, set(), keep_asserts=True))
     assert names == ["f", "x", "g", "range", "risk", "SCALE", "get_ipython"], names
+
+
+def test_a_glued_figure_is_shown_where_it_is_drawn_with_its_caption_below():
+    source = (
+        "fig, ax = plt.subplots()  # one panel\n"
+        "ax.plot(x)\n"
+        "glue(\n"
+        '    "fig-x", fig, display=False\n'
+        ")\n"
+        "plt.close(fig)\n"
+        "for k in keys:\n"
+        "    glue(k, 1, display=False)\n"
+        "    print(k)\n"
+    )
+    assert code.show_figures(source, "example") == (
+        "fig, ax = plt.subplots()  # one panel\nax.plot(x)\nplt.show()\n"
+        "for k in keys:\n    print(k)"
+    )
+    assert code.show_figures("x = 1  # kept as it is\n", "example") == "x = 1  # kept as it is\n"
+    markdown = (
+        "As {numref}`fig-x` shows:\n\n"
+        "```{glue:figure} fig-x\n:name: fig-x\n:alt: A line.\n\n"
+        "The line, {glue:text}`n` points.\n```\n"
+    )
+    assert coursework.student_markdown(markdown) == (
+        "As figure `fig-x` shows:\n\n*Figure `fig-x` (above):* The line, `n` points.\n"
+    )
 
 
 def chapter_file(tmp_path: Path, cells: list) -> Path:

@@ -42,6 +42,9 @@ from coursework_read import ROOT, Chapter, Exercise, Plan, chapters, plan, read_
 OUT = ROOT / "_build" / "coursework"
 INCLUDE = re.compile(r"^(`{3,})\{include\}[ \t]+(\S+)[ \t]*\n\1[ \t]*$", re.MULTILINE)
 GLUE_ROLE = re.compile(r"\{glue(?::\w*)?\}`([^`:]+)(?::[^`]*)?`")
+GLUE_FIGURE = re.compile(r"^(`{3,})\{glue:figure\}[ \t]+(\S+)[ \t]*\n(.*?)^\1[ \t]*$", re.S | re.M)
+FIGURE_REF = re.compile(r"\{numref\}`(fig-[^`<]+)`")
+OPTION = re.compile(r"^:[\w-]+:.*$", re.M)
 STUDENT_NOTE = """\
 **Coursework version.** This is the chapter with its exercises left for you: under each
 exercise an answer cell names the variables your code must define (`name = ...`); the grader
@@ -52,9 +55,14 @@ notebook, or read them on the book's page."""
 
 def student_markdown(source: str) -> str:
     """Markdown as a notebook without Sphinx shows it: an included file inlined, a glued number
-    as the name the chapter computes it under."""
+    as the name the chapter computes it under, a numbered figure as its caption (the cell above
+    shows the figure: ``coursework_code.show_figures``) and a reference to one as its name."""
     inlined = INCLUDE.sub(lambda m: (ROOT / "book" / m[2]).read_text().strip(), source)
-    return GLUE_ROLE.sub(lambda m: f"`{m[1]}`", inlined)
+    captioned = GLUE_FIGURE.sub(
+        lambda m: f"*Figure `{m[2]}` (above):* " + OPTION.sub("", m[3]).strip(), inlined
+    )
+    named = FIGURE_REF.sub(lambda m: f"figure `{m[1]}`", captioned)
+    return GLUE_ROLE.sub(lambda m: f"`{m[1]}`", named)
 
 
 def master(chapter: Chapter, out: Path, public_tests: bool) -> nbformat.NotebookNode:

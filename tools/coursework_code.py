@@ -7,7 +7,9 @@ something a later cell reads. A student version keeps only the last: asserts and
 are dropped, then every statement that binds only names no remaining code reads (iterated, so a
 name that only fed a dropped ``glue`` goes too), and a cell left empty is dropped. A solution's
 check cell becomes an autograder test: its ``glue`` calls are dropped and its asserts kept, with
-the statements they read.
+the statements they read. A visible cell keeps its text but loses its ``glue`` calls too: the book
+glues a figure and closes it (a numbered, captioned ``glue:figure`` shows it), and the student
+version shows the figure where the cell draws it instead (``show_figures``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,35 @@ def is_glue(stmt: ast.stmt) -> bool:
     """A call of myst-nb's ``glue`` (the book's way of putting a number into the prose)."""
     call = stmt.value if isinstance(stmt, ast.Expr) else None
     return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue"
+
+
+def show_figures(source: str, where: str) -> str:
+    """A visible cell as a notebook without Sphinx runs it: its ``glue`` calls are dropped, and
+    ``plt.close(fig)`` of a figure it glued becomes ``plt.show()``, so that the figure the book
+    captions is shown under the cell. Every other line keeps its text (comments, layout)."""
+    tree = parse(source, where)
+    glued = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and is_glue(s)]
+    if not glued:
+        return source
+    lines = source.splitlines()
+    if len(_IPYTHON.transform_cell(source).splitlines()) != len(lines):
+        raise ValueError(f"{where}: a cell that glues cannot hold a cell magic")
+    figures = {a.id for s in glued for a in s.value.args[1:2] if isinstance(a, ast.Name)}
+    closes = [
+        s
+        for s in ast.walk(tree)
+        if isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Call)
+        and ast.unparse(s.value.func) == "plt.close"
+        and [ast.unparse(a) for a in s.value.args] in ([f] for f in figures)
+    ]
+    dropped = {i for s in glued + closes for i in range(s.lineno - 1, s.end_lineno)}
+    show = {s.lineno - 1: " " * s.col_offset + "plt.show()" for s in closes}
+    shown = "\n".join(
+        show.get(i, line) for i, line in enumerate(lines) if i in show or i not in dropped
+    )
+    parse(shown, f"{where} (its figures shown)")  # no block left empty, no statement cut
+    return shown
 
 
 class _Drop(ast.NodeTransformer):

@@ -80,14 +80,20 @@ def chapters() -> list[Path]:
     return [ROOT / f"{f}.ipynb" for f in files if (ROOT / f"{f}.ipynb").exists()]
 
 
-def read_chapter(path: Path) -> Chapter:
-    """Reads the chapter's cells; a solution must directly follow its exercise."""
+def read_chapter(path: Path, student: bool = True) -> Chapter:
+    """Reads the chapter's cells; a solution must directly follow its exercise. With
+    ``student``, the code the reader sees (visible cells, solution code) is as the student
+    version runs it: without ``glue`` calls, its figures shown (``coursework_code.show_figures``);
+    without, as the book shows it."""
     nb = nbformat.read(path, as_version=4)
     parts: list[tuple[str, object]] = []
     current: Exercise | None = None
     for i, cell in enumerate(nb.cells):
         where, source = f"{path.name}, cell {i}", cell.source
         tags = set(cell.metadata.get("tags", []))
+        if student and cell.cell_type == "code" and not tags & code.HIDDEN_TAGS:
+            source = code.show_figures(source, where)
+            cell = nbformat.from_dict({**cell, "source": source})
         if current is not None:
             if cell.cell_type == "markdown":
                 current.prose.append((len(current.solution), source))
