@@ -164,6 +164,8 @@ def test_precode_mlp_is_exact_and_carries_the_papers_bound() -> None:
     original = torch.tensor(record["figure3"]["original"])
     assert shown.shape == original.shape == (8, 3, 32, 32)
     assert torch.allclose(shown, original, atol=1e-3)
+    losses = record["train_losses"]  # attacked after the 10th training step (Fig. 3)
+    assert len(losses) == 10 and all(math.isfinite(v) for v in losses)
     exp = experiments.get("bayes/precode-mlp")
     assert exp.reference == ({"image": "every image", "psnr": "> 150"},)
     assert "> 150" in exp.reference_source

@@ -238,9 +238,12 @@ def fig4_work(ctx: Context) -> list[list[Load]]:
 
 
 def precode_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/precode-mlp`` (one unit): the victims' per-image gradients of the PRECODE MLP."""
+    """``bayes/precode-mlp`` (one unit): the PRECODE MLP's training, then the victims' per-image
+    gradients."""
     from .bayes_defenses import precode_network
+    from .bayes_soteria import TRAIN_BATCH
 
     shape = image_shape(ctx, "cifar10")
     net = Net(f"precode-mlp {_dims(shape)}", lambda: precode_network(shape), shape)
-    return [[Load(net, "train", ctx.config.victims)]]
+    training = _training(net, TRAIN_BATCH, ctx.config.train_steps)
+    return [[*training, Load(net, "train", ctx.config.victims)]]
