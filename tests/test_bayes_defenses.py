@@ -19,8 +19,9 @@ from leakagelib.attacks import Cosine, Gaussian, TotalVariation
 from leakagelib.data import Normalizer
 from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
-from leakagelib.experiments.bayes_defenses import FIG2
+from leakagelib.experiments.bayes_defenses import FIG2, soteria_steps, steps_per_epoch
 from leakagelib.experiments.bayes_soteria import FIG5, soteria_attacks, soteria_case
+from leakagelib.experiments.work import split_size
 from leakagelib.gradients import client_update
 
 torch.set_num_threads(1)
@@ -116,8 +117,8 @@ def test_fig5_rows_attacks_and_images() -> None:
 
 def test_fig2_rows_follow_the_config() -> None:
     out = shrunk_run(
-        "bayes/fig2-training", train_steps=(0, 2), fig3_step=2, ats_attack_steps=2,
-        soteria_victims=1, **FAST_SOTERIA,
+        "bayes/fig2-training", train_steps=(0, 2), fig3_step=2, fig6_steps=(2,), ats_attack_steps=2,
+        soteria_victims=1, soteria_epochs=(0,), **FAST_SOTERIA,
     )  # fmt: skip
     keys = [(r["defense"], r["step"]) for r in out["rows"]]
     assert keys == [
@@ -135,7 +136,24 @@ def test_fig2_rows_follow_the_config() -> None:
     assert torch.tensor(ats["original"]).shape[1:] == (3, 32, 32)  # ATS: the CIFAR-10 stand-in
     assert torch.tensor(out["figure3"]["soteria"]["original"]).shape[1:] == (1, 28, 28)
     assert out["data"] == {"cifar10": "patches (ATS), digits28 (Soteria)"}
-    assert FIG2.paper["train_steps"][-1] == 1000 and FIG2.paper["ats_attack_steps"] == 2000
+    assert [e["step"] for e in out["figure6"]] == [2]  # the first policy's Fig. 6 steps
+    assert torch.tensor(out["figure6"][0]["reconstruction"]).shape == (1, 3, 32, 32)
+    patches_epoch = 2 / steps_per_epoch(Context(scale="ci", settings=FIG2))
+    assert [r["epoch"] for r in out["rows"][:2]] == [0.0, patches_epoch] and patches_epoch < 1
+    assert FIG2.paper["train_steps"][:4] == (0, 1, 2, 5) and FIG2.paper["train_steps"][-1] == 1000
+    assert FIG2.paper["fig6_steps"] == (5, 10, 20, 50) and FIG2.paper["ats_attack_steps"] == 2000
+    assert set(FIG2.paper["fig6_steps"]) <= set(FIG2.paper["train_steps"])
+
+
+def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:
+    """Fig. 2 follows Soteria for ten epochs (§6): the steps that end each epoch of the training
+    split (whole batches of 32), with Fig. 3's tenth step added."""
+    ctx = Context(scale="paper", settings=FIG2, data={"cifar10": "digits28"})
+    per_epoch = steps_per_epoch(ctx, "digits28")
+    assert per_epoch == split_size(ctx, "cifar10", "train") // 32
+    steps = soteria_steps(ctx)
+    assert steps == tuple(sorted({e * per_epoch for e in range(11)} | {10}))
+    assert steps[-1] / per_epoch == 10
 
 
 def test_precode_mlp_is_exact_and_carries_the_papers_bound() -> None:
@@ -146,6 +164,8 @@ def test_precode_mlp_is_exact_and_carries_the_papers_bound() -> None:
     original = torch.tensor(record["figure3"]["original"])
     assert shown.shape == original.shape == (8, 3, 32, 32)
     assert torch.allclose(shown, original, atol=1e-3)
+    losses = record["train_losses"]  # attacked after the 10th training step (Fig. 3)
+    assert len(losses) == 10 and all(math.isfinite(v) for v in losses)
     exp = experiments.get("bayes/precode-mlp")
     assert exp.reference == ({"image": "every image", "psnr": "> 150"},)
     assert "> 150" in exp.reference_source

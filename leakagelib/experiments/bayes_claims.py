@@ -58,11 +58,12 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
     """Figure 2 (Soteria): leakage falls with training, and early on layer-drop beats direct.
 
     ``"falls"`` compares the layer-drop attack at the first and the last
-    training step; ``"beats at step s"``, for every step up to Fig. 3's
-    ``fig3_step``, the layer-drop attack against the direct one.
+    training step it was run after (Soteria's steps, not ATS's); ``"beats at
+    step s"``, for every such step up to Fig. 3's ``fig3_step``, the
+    layer-drop attack against the direct one.
     """
     per = {(r["defense"], r["step"]): r["psnr_per_image"] for r in rows}
-    steps = sorted({r["step"] for r in rows})
+    steps = sorted({r["step"] for r in rows if r["defense"] == "soteria"})
     gains = {"falls": paired_interval(per["soteria", steps[0]], per["soteria", steps[-1]])}
     for s in (s for s in steps if s <= fig3_step):
         direct = per["soteria (direct attack)", s]

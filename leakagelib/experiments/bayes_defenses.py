@@ -3,9 +3,10 @@
 * ``bayes/fig2-training``: the defense-aware attacks on ATS (Inverting
   Gradients on the augmented-trained ConvNet) and on Soteria (the layer-drop
   attack on ConvBig, :mod:`.bayes_soteria`) after given numbers of training
-  steps — their PSNR falls as training proceeds, so a defense must be
-  evaluated throughout training (Fig. 2); the reconstructions after the 10th
-  step are kept for Fig. 3.
+  steps (ATS) and epochs (Soteria) — their PSNR falls as training proceeds,
+  so a defense must be evaluated throughout training (Fig. 2); the
+  reconstructions after the 10th step are kept for Fig. 3, and ATS 7-4-15's
+  after 5, 10, 20 and 50 steps for Fig. 6 (Appendix A.2).
 * ``bayes/precode-mlp``: PRECODE on an MLP falls to the closed-form recovery
   of the first layer's input (Phong et al. 2017), which ignores the
   bottleneck (the paper reports PSNR > 150 dB; Fig. 3's PRECODE row).
@@ -31,6 +32,7 @@ from .bayes_soteria import (
     SOTERIA_CI,
     SOTERIA_PAPER,
     SOTERIA_SOURCES,
+    SOTERIA_STAND_IN,
     TRAIN_BATCH,
     image_lists,
     psnr_summary,
@@ -42,13 +44,23 @@ from .bayes_work import fig2_work, precode_work
 from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
+from .work import split_size
 
-__all__ = ["FIG2", "fig2_training", "precode_mlp", "precode_network"]
+__all__ = [
+    "FIG2",
+    "fig2_training",
+    "precode_mlp",
+    "precode_network",
+    "soteria_steps",
+    "steps_per_epoch",
+]
 
 FIG2 = ScaleConfig(
     ci={
         "train_steps": (0, 10, 50),
         "fig3_step": 10,
+        "fig6_steps": (10, 50),
+        "soteria_epochs": (0, 1),
         "ats_policies": ("7-4-15",),
         "ats_victims": 1,
         "ats_width": 8,
@@ -59,8 +71,10 @@ FIG2 = ScaleConfig(
         **SOTERIA_CI,
     },
     paper={
-        "train_steps": (0, 10, 20, 50, 100, 200, 500, 1000),
+        "train_steps": (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
         "fig3_step": 10,
+        "fig6_steps": (5, 10, 20, 50),
+        "soteria_epochs": (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
         "ats_policies": ("7-4-15", "21-13-3", "21-13-3+7-4-15"),
         "ats_victims": 10,
         "ats_width": 64,
@@ -71,9 +85,14 @@ FIG2 = ScaleConfig(
         **SOTERIA_PAPER,
     },
     sources={
-        "train_steps": "§6, Fig. 2: the first 1000 training steps, batch size 32 (A.1, A.2); "
-        "the paper follows Soteria for 10 epochs, here for the same steps as ATS",
+        "train_steps": "§6, Fig. 2: ATS 'for the first 1000 steps of training', batch size 32 "
+        "(A.1, A.2), 'measuring PSNR ... at every step': here steps 1, 2 and 5, then about "
+        "two points per decade",
         "fig3_step": "Fig. 3: 'after the 10th training step'",
+        "fig6_steps": "A.2, Fig. 6 (a)–(d): reconstructions after 5, 10, 20 and 50 training steps "
+        "with ATS 7-4-15; ci: the ci steps after 0",
+        "soteria_epochs": "§6, Fig. 2: Soteria 'for the first 10 epochs' (each epoch: the training "
+        "split in batches of 32), here after each epoch; ci: one epoch",
         "ats_policies": "A.2: '7-4-15', '21-13-3', '21-13-3+7-4-15'",
         "ats_victims": "ours (10 CIFAR-10 images per defense)",
         "ats_width": "A.2, Table 4: ConvNet of width 64",
@@ -103,16 +122,21 @@ def fig2_training(ctx: Context) -> dict:
 
     ATS: ConvNet trained with each augmentation policy and attacked after
     each of ``train_steps`` by Inverting Gradients (cosine, TV ``ats_tv``,
-    Adam's plain gradient as in the paper's runs) on the augmented images the
-    client trains on (PSNR against those). Soteria: ConvBig trained without
-    defense (A.1), defended on ``fc1`` and attacked by the layer-drop attack,
-    the direct attack alongside. One unit per (defense, training step): ATS's
+    Adam signed as in the authors' runs at paper scale) on the augmented
+    images the client trains on (PSNR against those). Soteria: ConvBig
+    trained without defense (A.1), defended on ``fc1`` and attacked by the
+    layer-drop attack, the direct attack alongside, after each of
+    :func:`soteria_steps` (the steps that end ``soteria_epochs``, and
+    ``fig3_step``). One unit per (defense, training step): ATS's
     ``("ats 7-4-15", 10)``, ...; Soteria's ``("soteria", 10)``, ... (each
     network is trained once per run, when its first unit needs it). Rows:
     ``defense`` ("ats 7-4-15", ..., "soteria", "soteria (direct attack)"),
-    ``step``, ``psnr`` (mean dB), ``psnr_std``, ``psnr_per_image``. Extra
-    entry ``figure3``: per defense, the originals and reconstructions after
-    ``fig3_step`` steps (Fig. 3), as lists. At ci the ATS attack's 50
+    ``step``, ``epoch`` (training images seen over the training split's size),
+    ``psnr`` (mean dB), ``psnr_std``, ``psnr_per_image``. Extra entries:
+    ``figure3``, per defense, the originals and reconstructions after
+    ``fig3_step`` steps (Fig. 3); ``figure6``, for the first ATS policy, one
+    entry per step of ``fig6_steps`` (``step``, ``original``,
+    ``reconstruction``: Fig. 6); images as lists. At ci the ATS attack's 50
     iterations only exercise the pipeline. The paper plots Fig. 2 without
     numbers, so there are no reference rows. Data: ``cifar10`` (``patches``
     at ci, ``digits28`` for the Soteria victims: see :mod:`.bayes_soteria`).
@@ -120,21 +144,46 @@ def fig2_training(ctx: Context) -> dict:
     cfg = ctx.config
     ats, soteria = cache(partial(_ats_scenario, ctx)), cache(partial(trained_convbig, ctx))
 
+    sot_steps = soteria_steps(ctx)
+
     def unit(key: tuple[str, int]) -> list[dict]:
         defense, step = key
         if defense == "soteria":
-            return _soteria_rows(ctx, soteria(cfg.soteria_victims, tuple(cfg.train_steps)), step)
+            return _soteria_rows(ctx, soteria(cfg.soteria_victims, sot_steps), step)
         policy = defense.removeprefix("ats ")
         return [_ats_row(ctx, policy, ats(policy), step)]
 
     keys = [(f"ats {p}", s) for p in cfg.ats_policies for s in cfg.train_steps]
-    rows = ctx.units(keys + [("soteria", s) for s in cfg.train_steps], unit, "Fig. 2")
+    rows = ctx.units(keys + [("soteria", s) for s in sot_steps], unit, "Fig. 2")
     note = stand_in_note(ctx)
+    extras = ("figure3", "figure6")
     return {
-        "rows": [{k: v for k, v in r.items() if k != "figure3"} for r in rows],
+        "rows": [{k: v for k, v in r.items() if k not in extras} for r in rows],
         "figure3": {r["defense"]: r["figure3"] for r in rows if "figure3" in r},
+        "figure6": [{"step": r["step"], **r["figure6"]} for r in rows if "figure6" in r],
         "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
     }
+
+
+def soteria_steps(ctx: Context) -> tuple[int, ...]:
+    """The training steps after which Fig. 2 attacks Soteria in a run in ``ctx``.
+
+    The steps that end each of the config's ``soteria_epochs`` (see
+    :func:`steps_per_epoch`) and Fig. 3's ``fig3_step``. The split's size is
+    read from the data's header, so ``bayes_work`` can estimate the run before
+    any data is loaded.
+    """
+    cfg = ctx.config
+    per_epoch = steps_per_epoch(ctx, SOTERIA_STAND_IN)
+    return tuple(sorted({round(e * per_epoch) for e in cfg.soteria_epochs} | {cfg.fig3_step}))
+
+
+def steps_per_epoch(ctx: Context, stand_in: str | None = None) -> int:
+    """Training steps in one epoch of Fig. 2's networks: the training split of what stands for
+    CIFAR-10 (``stand_in`` as in :meth:`Context.resolve`) in whole batches of
+    :data:`~.bayes_soteria.TRAIN_BATCH` (:func:`leakagelib.fl.train` reshuffles after the last
+    whole batch)."""
+    return max(1, split_size(ctx, "cifar10", "train", stand_in) // TRAIN_BATCH)
 
 
 def _ats_scenario(ctx: Context, policy: str) -> tuple[TrainResult, Tensor, Tensor, Normalizer]:
@@ -173,7 +222,11 @@ def _ats_row(
     case = build_case(trained.model, victims, labels, norm, device=ctx.device)
     result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)))
     recon = case.reconstructions(result).clamp(0, 1)
-    return _curve_row(f"ats {policy}", step, case.score_images(recon), victims, recon, cfg)
+    row = _curve_row(f"ats {policy}", step, case.score_images(recon), victims, recon, cfg)
+    row["epoch"] = step / steps_per_epoch(ctx)
+    if policy == cfg.ats_policies[0] and step in cfg.fig6_steps:
+        row["figure6"] = _pictures(victims, recon)
+    return row
 
 
 def _soteria_rows(
@@ -194,7 +247,8 @@ def _soteria_rows(
     for name in names:
         recon = case.reconstructions(result, name).clamp(0, 1)
         shown = images if name == "soteria" else None  # Fig. 3 shows the layer-drop attack
-        rows.append(_curve_row(name, step, case.score_images(recon), shown, recon, cfg))
+        row = _curve_row(name, step, case.score_images(recon), shown, recon, cfg)
+        rows.append({**row, "epoch": step / steps_per_epoch(ctx, SOTERIA_STAND_IN)})
     return rows
 
 
@@ -245,9 +299,13 @@ def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
     "bayes/precode-mlp",
     row_keys=("image", "psnr"),
     config=ScaleConfig(
-        ci={"victims": 8},
-        paper={"victims": 40},
-        sources={"victims": "ours (Fig. 3 shows the first 40 reconstructed images)"},
+        ci={"victims": 8, "train_steps": 10},
+        paper={"victims": 40, "train_steps": 10},
+        sources={
+            "victims": "ours (Fig. 3 shows the first 40 reconstructed images)",
+            "train_steps": "Fig. 3: attacked 'after the 10th training step', batch size 32 as the "
+            "paper's other networks (A.1, A.2)",
+        },
     ),
     reference=[{"image": "every image", "psnr": "> 150"}],
     reference_source="§6: 'In all of our PRECODE experiments we obtain perfect reconstruction "
@@ -261,24 +319,37 @@ def precode_mlp(ctx: Context) -> dict:
     The Bayes authors' PRECODE network: five fully connected layers of 500,
     then Linear(256), the variational bottleneck (K = 256, β = 1e-3) and
     Linear(500) before the classifier, uniform ±0.05 initialisation
-    (``models.build("mlp")``'s documented configuration), in float64. Every
+    (``models.build("mlp")``'s documented configuration), in float64,
+    trained for ``train_steps`` steps of batch size 32 on the training split
+    (Adam at :func:`~leakagelib.fl.train`'s default rate, cross-entropy plus
+    the bottleneck's β·KL) as Fig. 3 attacks it after the 10th step. Every
     image is its own client (its own bottleneck noise); the noise changes
     nothing for the first layer, whose gradient still equals (dl/db)·xᵀ, so
     :func:`~leakagelib.attacks.bias_attack` inverts it. Rows: ``image``,
     ``label``, ``psnr`` (dB on [0, 1] images; ``inf`` when exact — here the
-    float32 normalisation of the images bounds it near 160 dB). Extra entry
-    ``figure3``: the first (up to) 8 originals and recoveries, as lists
-    (Fig. 3's PRECODE row). Data: ``cifar10`` (``patches`` at ci).
+    float32 normalisation of the images bounds it near 160 dB). Extra entries:
+    ``figure3``, the first (up to) 8 originals and recoveries, as lists
+    (Fig. 3's PRECODE row); ``train_losses``, the training loss of each step.
+    Data: ``cifar10`` (``patches`` at ci).
     """
     images, labels, norm = ctx.dataset("cifar10", n=ctx.config.victims, shuffle=False)
+    train_x, train_y, _ = ctx.dataset("cifar10", split="train")
     shape = tuple(images.shape[1:])
     torch.manual_seed(ctx.seed)
     model = precode_network(shape).to(device=ctx.device, dtype=torch.float64)
-    case = build_case(model, images, labels, norm, device=ctx.device)
+    trained = train(
+        model, norm.normalize(train_x).to(ctx.device, torch.float64), train_y.to(ctx.device),
+        steps=ctx.config.train_steps, batch_size=TRAIN_BATCH, seed=ctx.seed,
+    )  # fmt: skip
+    case = build_case(trained.model, images, labels, norm, device=ctx.device)
     result = bias_attack(case.model, case.updates, case.labels, input_shape=shape)
     psnr = case.score(result, "psnr")
     rows = [
         {"image": i, "label": int(labels[i]), "psnr": float(psnr[i])} for i in range(len(labels))
     ]
     shown = slice(0, 8)  # Fig. 3's PRECODE row
-    return {"rows": rows, "figure3": _pictures(images[shown], case.reconstructions(result)[shown])}
+    return {
+        "rows": rows,
+        "figure3": _pictures(images[shown], case.reconstructions(result)[shown]),
+        "train_losses": trained.losses,
+    }

@@ -191,7 +191,9 @@ def fig5_work(ctx: Context) -> list[list[Load]]:
 def fig2_work(ctx: Context) -> list[list[Load]]:
     """``bayes/fig2-training``: per ATS policy its ConvNet's training (in its first unit) and per
     step Inverting Gradients on its victims; then ConvBig's training (in the first Soteria unit)
-    and per step Soteria's fit on ``fc1`` and the layer-drop and direct attacks together."""
+    and per Soteria step (its epochs') Soteria's fit on ``fc1`` and the layer-drop and direct
+    attacks together."""
+    from .bayes_defenses import soteria_steps
     from .bayes_soteria import TRAIN_BATCH
 
     cfg = ctx.config
@@ -212,9 +214,10 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
     net, model = _soteria_net(ctx)
     soteria = [_soteria_fit(net, model, "fc1.linear", cfg.soteria_victims),
                Load(net, "attack", 2 * cfg.soteria_victims, cfg.attack_steps)]  # fmt: skip
+    sot_steps = soteria_steps(ctx)
     units += [
-        [*(_training(net, TRAIN_BATCH, longest) if i == 0 else []), *soteria]
-        for i in range(len(steps))
+        [*(_training(net, TRAIN_BATCH, max(sot_steps)) if i == 0 else []), *soteria]
+        for i in range(len(sot_steps))
     ]
     return units
 
@@ -235,9 +238,12 @@ def fig4_work(ctx: Context) -> list[list[Load]]:
 
 
 def precode_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/precode-mlp`` (one unit): the victims' per-image gradients of the PRECODE MLP."""
+    """``bayes/precode-mlp`` (one unit): the PRECODE MLP's training, then the victims' per-image
+    gradients."""
     from .bayes_defenses import precode_network
+    from .bayes_soteria import TRAIN_BATCH
 
     shape = image_shape(ctx, "cifar10")
     net = Net(f"precode-mlp {_dims(shape)}", lambda: precode_network(shape), shape)
-    return [[Load(net, "train", ctx.config.victims)]]
+    training = _training(net, TRAIN_BATCH, ctx.config.train_steps)
+    return [[*training, Load(net, "train", ctx.config.victims)]]
