@@ -44,6 +44,8 @@ def chapters() -> list[Path]:
 
 
 CHAPTERS = chapters()
+#: A chapter a reader can finish in one sitting (issue 15: "no chapter is over ~45 cells").
+MAX_CELLS = 45
 IDS = [p.stem for p in CHAPTERS]
 
 
@@ -60,6 +62,7 @@ def test_chapter_follows_the_book_conventions(path: Path):
     cells = nb["cells"]
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     assert cells[0]["cell_type"] == "markdown"
+    assert len(cells) <= MAX_CELLS, f"{len(cells)} cells: split the chapter or merge cells"
     first = "".join(cells[0]["source"])
     assert first.startswith("# "), "a chapter opens with its title"
     assert "objectives" in first.lower(), "a chapter states its learning objectives up front"
@@ -86,12 +89,6 @@ def test_chapter_follows_the_book_conventions(path: Path):
         "(comm traffic from its monitor thread, a stored widget state that the site cannot show)"
     )
 
-
-#: Chapters whose figures are not numbered and captioned yet (they are being split into new
-#: chapters and converted separately). Whoever converts one removes its entry here, and adds any
-#: chapter split from it that is not converted yet; the test below fails on an entry whose
-#: chapter no longer exists or already captions every figure, so the list cannot go stale.
-UNCAPTIONED_YET = {"variational_bottlenecks", "rgap_closed_form"}
 
 #: Calls that create a matplotlib figure (module alias, function), as the chapters write them.
 FIGURE_MAKERS = {
@@ -141,8 +138,10 @@ def _code_trees(path: Path) -> list[tuple[int, dict, ast.Module]]:
 
 
 def figure_cells(path: Path) -> list[tuple[int, dict, ast.Module]]:
-    """The code cells that create a matplotlib figure when they run, widget cells excepted: a call
-    of ``FIGURE_MAKERS`` outside a definition, or of a function of the chapter that makes one."""
+    """The code cells that create a matplotlib figure when they run, widget cells and hidden cells
+    (``remove-cell``: a check that calls a widget's drawing callback never reaches the page)
+    excepted: a call of ``FIGURE_MAKERS`` outside a definition, or of a function of the chapter
+    that makes one."""
     trees = _code_trees(path)
     defs = {
         d.name: d
@@ -164,6 +163,7 @@ def figure_cells(path: Path) -> list[tuple[int, dict, ast.Module]]:
         (i, c, tree)
         for i, c, tree in trees
         if not WIDGET.search("".join(c["source"]))
+        and "remove-cell" not in c["metadata"].get("tags", [])
         and any(_makes_figure(call, drawing) for call in _calls(tree))
     ]
 
@@ -227,16 +227,7 @@ def uncaptioned(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_every_figure_is_glued_numbered_and_captioned(path: Path):
-    if path.stem in UNCAPTIONED_YET:
-        pytest.skip(f"{path.stem} is in UNCAPTIONED_YET: its figures are converted separately")
     assert not uncaptioned(path), f"{path.name}: {uncaptioned(path)}"
-
-
-def test_the_uncaptioned_allow_list_is_current():
-    stems = {p.stem for p in CHAPTERS}
-    assert UNCAPTIONED_YET <= stems, f"not chapters (any more): {UNCAPTIONED_YET - stems}"
-    done = [p.stem for p in CHAPTERS if p.stem in UNCAPTIONED_YET and not uncaptioned(p)]
-    assert not done, f"{done} caption every figure now: remove them from UNCAPTIONED_YET"
 
 
 def test_figure_keys_and_names_are_unique_across_the_book():
@@ -342,8 +333,7 @@ def test_every_figure_is_of_a_size_the_page_can_show(path: Path):
         for o in c.get("outputs", [])
         if PNG_KEYS[1] in o.get("data", {})
     }
-    if path.stem not in UNCAPTIONED_YET:
-        assert glued == set(glue_figures(path)), f"{path.name}: glued PNGs {sorted(glued)}"
+    assert glued == set(glue_figures(path)), f"{path.name}: glued PNGs {sorted(glued)}"
     bad = [
         (cell, w, h)
         for cell, w, h in sizes

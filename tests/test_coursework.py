@@ -108,7 +108,7 @@ def test_student_version_keeps_every_cell_the_reader_sees(built: Path, path: Pat
 
 def test_hidden_cells_lose_asserts_and_glue_and_keep_what_later_code_reads():
     source = (
-        "from myst_nb import glue\n"
+        "from leakagelib.glue import glue\n"
         "per_image = f(x)  # read later\n"
         "found = [g(per_image[i]) for i in range(3)]\n"
         "for delta in (1, 2):\n"

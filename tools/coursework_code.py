@@ -65,7 +65,7 @@ def _base(node: ast.expr) -> set[str]:
 
 
 def is_glue(stmt: ast.stmt) -> bool:
-    """A call of myst-nb's ``glue`` (the book's way of putting a number into the prose)."""
+    """A call of ``glue`` (the book's way of putting a number into the prose; leakagelib.glue)."""
     call = stmt.value if isinstance(stmt, ast.Expr) else None
     return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue"
 
