@@ -118,7 +118,7 @@ def test_fig5_rows_attacks_and_images() -> None:
 def test_fig2_rows_follow_the_config() -> None:
     out = shrunk_run(
         "bayes/fig2-training", train_steps=(0, 2), fig3_step=2, fig6_steps=(2,), ats_attack_steps=2,
-        soteria_victims=1, soteria_epochs=(0,), **FAST_SOTERIA,
+        soteria_victims=1, soteria_epochs=(0,), fig3_victims=2, **FAST_SOTERIA,
     )  # fmt: skip
     keys = [(r["defense"], r["step"]) for r in out["rows"]]
     assert keys == [
@@ -133,16 +133,18 @@ def test_fig2_rows_follow_the_config() -> None:
     assert set(out["figure3"]) == {"ats 7-4-15", "soteria"}
     ats = out["figure3"]["ats 7-4-15"]
     assert torch.tensor(ats["original"]).shape == torch.tensor(ats["reconstruction"]).shape
-    assert torch.tensor(ats["original"]).shape[1:] == (3, 32, 32)  # ATS: the CIFAR-10 stand-in
+    assert torch.tensor(ats["original"]).shape == (2, 3, 32, 32)  # Fig. 3's 2 (ci: patches)
+    assert len(out["figure3"]["soteria"]["reconstruction"]) == 2  # while each row scores one
     assert torch.tensor(out["figure3"]["soteria"]["original"]).shape[1:] == (1, 28, 28)
     assert out["data"] == {"cifar10": "patches (ATS), digits28 (Soteria)"}
     assert [e["step"] for e in out["figure6"]] == [2]  # the first policy's Fig. 6 steps
-    assert torch.tensor(out["figure6"][0]["reconstruction"]).shape == (1, 3, 32, 32)
+    assert torch.tensor(out["figure6"][0]["reconstruction"]).shape == (1, 3, 32, 32)  # the curve's
     patches_epoch = 2 / steps_per_epoch(Context(scale="ci", settings=FIG2))
     assert [r["epoch"] for r in out["rows"][:2]] == [0.0, patches_epoch] and patches_epoch < 1
     assert FIG2.paper["train_steps"][:4] == (0, 1, 2, 5) and FIG2.paper["train_steps"][-1] == 1000
     assert FIG2.paper["fig6_steps"] == (5, 10, 20, 50) and FIG2.paper["ats_attack_steps"] == 2000
     assert set(FIG2.paper["fig6_steps"]) <= set(FIG2.paper["train_steps"])
+    assert FIG2.paper["fig3_victims"] == 40  # "the first 40 reconstructed images"
 
 
 def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:

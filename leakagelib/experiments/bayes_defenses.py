@@ -59,6 +59,7 @@ FIG2 = ScaleConfig(
     ci={
         "train_steps": (0, 10, 50),
         "fig3_step": 10,
+        "fig3_victims": 3,
         "fig6_steps": (10, 50),
         "soteria_epochs": (0, 1),
         "ats_policies": ("7-4-15",),
@@ -73,6 +74,7 @@ FIG2 = ScaleConfig(
     paper={
         "train_steps": (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
         "fig3_step": 10,
+        "fig3_victims": 40,
         "fig6_steps": (5, 10, 20, 50),
         "soteria_epochs": (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
         "ats_policies": ("7-4-15", "21-13-3", "21-13-3+7-4-15"),
@@ -89,6 +91,9 @@ FIG2 = ScaleConfig(
         "(A.1, A.2), 'measuring PSNR ... at every step': here steps 1, 2 and 5, then about "
         "two points per decade",
         "fig3_step": "Fig. 3: 'after the 10th training step'",
+        "fig3_victims": "§6: 'Fig. 3 visualizes the first 40 reconstructed images' (per defense; "
+        "attacked at fig3_step only, the curve's PSNR stays over the first ats_victims / "
+        "soteria_victims); ci: ours",
         "fig6_steps": "A.2, Fig. 6 (a)–(d): reconstructions after 5, 10, 20 and 50 training steps "
         "with ATS 7-4-15; ci: the ci steps after 0",
         "soteria_epochs": "§6, Fig. 2: Soteria 'for the first 10 epochs' (each epoch: the training "
@@ -134,7 +139,8 @@ def fig2_training(ctx: Context) -> dict:
     ``step``, ``epoch`` (training images seen over the training split's size),
     ``psnr`` (mean dB), ``psnr_std``, ``psnr_per_image``. Extra entries:
     ``figure3``, per defense, the originals and reconstructions after
-    ``fig3_step`` steps (Fig. 3); ``figure6``, for the first ATS policy, one
+    ``fig3_step`` steps (Fig. 3: ``fig3_victims`` images, attacked at that step
+    only; the row's PSNR stays over the curve's victims); ``figure6``, for the first ATS policy, one
     entry per step of ``fig6_steps`` (``step``, ``original``,
     ``reconstruction``: Fig. 6); images as lists. At ci the ATS attack's 50
     iterations only exercise the pipeline. The paper plots Fig. 2 without
@@ -149,7 +155,8 @@ def fig2_training(ctx: Context) -> dict:
     def unit(key: tuple[str, int]) -> list[dict]:
         defense, step = key
         if defense == "soteria":
-            return _soteria_rows(ctx, soteria(cfg.soteria_victims, sot_steps), step)
+            shown = max(cfg.soteria_victims, cfg.fig3_victims)
+            return _soteria_rows(ctx, soteria(shown, sot_steps), step)
         policy = defense.removeprefix("ats ")
         return [_ats_row(ctx, policy, ats(policy), step)]
 
@@ -187,10 +194,11 @@ def steps_per_epoch(ctx: Context, stand_in: str | None = None) -> int:
 
 
 def _ats_scenario(ctx: Context, policy: str) -> tuple[TrainResult, Tensor, Tensor, Normalizer]:
-    """ATS under ``policy``: the ConvNet trained with it, its victims augmented as the client
-    trains on them (back in [0, 1]), their labels and the normaliser."""
+    """ATS under ``policy``: the ConvNet trained with it, its victims (Fig. 3's if more)
+    augmented as the client trains on them (back in [0, 1]), their labels and the normaliser."""
     cfg = ctx.config
-    images, labels, norm = ctx.dataset("cifar10", n=cfg.ats_victims, shuffle=False)
+    n = max(cfg.ats_victims, cfg.fig3_victims)
+    images, labels, norm = ctx.dataset("cifar10", n=n, shuffle=False)
     train_x, train_y, _ = ctx.dataset("cifar10", split="train")
     torch.manual_seed(ctx.seed)
     net = models.build("convnet", in_shape=tuple(images.shape[1:]), num_classes=10,
@@ -215,6 +223,8 @@ def _ats_row(
     """Fig. 2's ATS row of ``policy`` after ``step`` training steps (with Fig. 3's images)."""
     cfg = ctx.config
     trained, victims, labels, norm = scenario
+    n = _attacked(cfg, cfg.ats_victims, step)
+    victims, labels = victims[:n], labels[:n]
     attack = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv,
                     signed=cfg.ats_signed)  # fmt: skip
     trained.model.load_state_dict(trained.snapshots[step])
@@ -222,11 +232,18 @@ def _ats_row(
     case = build_case(trained.model, victims, labels, norm, device=ctx.device)
     result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)))
     recon = case.reconstructions(result).clamp(0, 1)
-    row = _curve_row(f"ats {policy}", step, case.score_images(recon), victims, recon, cfg)
+    psnr = case.score_images(recon)[: cfg.ats_victims]
+    row = _curve_row(f"ats {policy}", step, psnr, victims, recon, cfg)
     row["epoch"] = step / steps_per_epoch(ctx)
     if policy == cfg.ats_policies[0] and step in cfg.fig6_steps:
-        row["figure6"] = _pictures(victims, recon)
+        row["figure6"] = _pictures(victims[: cfg.ats_victims], recon[: cfg.ats_victims])
     return row
+
+
+def _attacked(cfg: Mapping[str, Any], victims: int, step: int) -> int:
+    """How many images a defense's attack takes after ``step`` training steps: its ``victims``,
+    or Fig. 3's ``fig3_victims`` at ``fig3_step`` if those are more."""
+    return max(victims, cfg["fig3_victims"]) if step == cfg["fig3_step"] else victims
 
 
 def _soteria_rows(
@@ -235,6 +252,8 @@ def _soteria_rows(
     """Fig. 2's Soteria rows after ``step`` training steps: layer-drop and direct attack."""
     cfg = ctx.config
     images, labels, norm, trained = scenario
+    n = _attacked(cfg, cfg.soteria_victims, step)
+    images, labels = images[:n], labels[:n]
     defense = Soteria("fc1.linear", cfg.pruning_rate, attack=cfg.likelihood)
     attacks = soteria_attacks(cfg, defense)
     names = ["soteria", "soteria (direct attack)"]
@@ -247,7 +266,8 @@ def _soteria_rows(
     for name in names:
         recon = case.reconstructions(result, name).clamp(0, 1)
         shown = images if name == "soteria" else None  # Fig. 3 shows the layer-drop attack
-        row = _curve_row(name, step, case.score_images(recon), shown, recon, cfg)
+        psnr = case.score_images(recon)[: cfg.soteria_victims]
+        row = _curve_row(name, step, psnr, shown, recon, cfg)
         rows.append({**row, "epoch": step / steps_per_epoch(ctx, SOTERIA_STAND_IN)})
     return rows
 

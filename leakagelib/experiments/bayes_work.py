@@ -192,7 +192,7 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
     """``bayes/fig2-training``: per ATS policy its ConvNet's training (in its first unit) and per
     step Inverting Gradients on its victims; then ConvBig's training (in the first Soteria unit)
     and per Soteria step (its epochs') Soteria's fit on ``fc1`` and the layer-drop and direct
-    attacks together."""
+    attacks together; at Fig. 3's step each defense attacks ``fig3_victims`` images if more."""
     from .bayes_defenses import soteria_steps
     from .bayes_soteria import TRAIN_BATCH
 
@@ -205,20 +205,27 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
     # switches to train mode itself
     ig = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv,
                 signed=cfg.ats_signed)  # fmt: skip
-    attack = _attack(convnet, ig.config, cfg.ats_victims)
+
+    def victims(n: int, step: int) -> int:
+        return max(n, cfg.fig3_victims) if step == cfg.fig3_step else n
+
     units = [
-        [*(_training(convnet, TRAIN_BATCH, longest) if i == 0 else []), attack]
+        [
+            *(_training(convnet, TRAIN_BATCH, longest) if i == 0 else []),
+            _attack(convnet, ig.config, victims(cfg.ats_victims, step)),
+        ]
         for _ in cfg.ats_policies
-        for i in range(len(steps))
+        for i, step in enumerate(steps)
     ]
     net, model = _soteria_net(ctx)
-    soteria = [_soteria_fit(net, model, "fc1.linear", cfg.soteria_victims),
-               Load(net, "attack", 2 * cfg.soteria_victims, cfg.attack_steps)]  # fmt: skip
     sot_steps = soteria_steps(ctx)
-    units += [
-        [*(_training(net, TRAIN_BATCH, max(sot_steps)) if i == 0 else []), *soteria]
-        for i in range(len(sot_steps))
-    ]
+    for i, step in enumerate(sot_steps):
+        n = victims(cfg.soteria_victims, step)
+        units.append([
+            *(_training(net, TRAIN_BATCH, max(sot_steps)) if i == 0 else []),
+            _soteria_fit(net, model, "fc1.linear", n),
+            Load(net, "attack", 2 * n, cfg.attack_steps),
+        ])  # fmt: skip
     return units
 
 
