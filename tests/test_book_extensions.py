@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import re
 from pathlib import Path
@@ -216,3 +217,36 @@ def test_execution_guard_names_the_stalled_chapter_and_cell():
     assert "book/breaking_defenses" in message and "cell 18" in message and "400 s" in message
     idle = {"docname": "book/intro", "cell": None, "since": None}
     assert execution_guard.stalled_message(idle, now=1e9, limit=1.0) is None
+
+
+def test_execution_guard_calls_an_idle_kernel_stalled_and_a_busy_one_slow():
+    """A running cell whose kernel used no CPU for IDLE_SECONDS is a stall; before that, or with
+    no cell running, there is no message (a busy kernel keeps resetting the idle time)."""
+    running = {"docname": "book/rgap_rank", "cell": 21, "since": 10.0, "kernel": 4242}
+    limit = execution_guard.IDLE_SECONDS
+    assert execution_guard.idle_message(running, idle_for=limit - 1) is None
+    message = execution_guard.idle_message(running, idle_for=limit + 5)
+    assert "book/rgap_rank" in message and "cell 21" in message and "no CPU" in message
+    done = {**running, "cell": None, "since": None}
+    assert execution_guard.idle_message(done, idle_for=1e6) is None
+
+
+def test_execution_guard_sums_the_cpu_of_a_kernel_and_its_children(tmp_path: Path):
+    """process_tree_cpu reads /proc-style stat files: the kernel, its child and grandchild count,
+    an unrelated process does not; a missing pid or /proc gives None."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int, ppid: int, utime: int, stime: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        fields = ["S", str(ppid)] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 5
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python (kernel)) " + " ".join(fields))
+
+    stat(100, 1, 3 * tick, tick)  # the kernel: 4 s
+    stat(101, 100, tick, 0)  # a subprocess of a cell: 1 s
+    stat(102, 101, 0, 2 * tick)  # its child: 2 s
+    stat(200, 1, 50 * tick, 0)  # another process
+    (tmp_path / "self").mkdir()
+    assert execution_guard.process_tree_cpu(100, tmp_path) == pytest.approx(7.0)
+    assert execution_guard.process_tree_cpu(101, tmp_path) == pytest.approx(3.0)
+    assert execution_guard.process_tree_cpu(999, tmp_path) is None
+    assert execution_guard.process_tree_cpu(100, tmp_path / "absent") is None
