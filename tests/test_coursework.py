@@ -224,3 +224,24 @@ def test_the_teachers_page_lists_every_chapter_with_its_exercises_and_paper_scal
         comment = re.search(r'^SCALE = "ci"\s*#\s*(.*)$', parameters.source, re.MULTILINE)[1]
         paper = comment[comment.index('"paper":') :] if '"paper":' in comment else comment
         assert paper in rows[path.stem], f"{path.stem}: the paper-scale column is not {paper!r}"
+
+
+def test_grading_runs_with_the_builds_fix_for_the_widget_stall(monkeypatch, tmp_path):
+    """Otter executes a submission through nbclient, whose Output-widget mimic stalled a grading
+    run of client_updates (kernel and client idle): grade() turns its sends off first, as the
+    book build does (book/_ext/execution_guard.py)."""
+    import nbclient.output_widget
+
+    guard = sys.modules["execution_guard"]
+    monkeypatch.setattr(nbclient.output_widget.OutputWidget, "sync_state", lambda self: "sent")
+    seen = []
+
+    def otter_main(*args, **kwargs):
+        seen.append(nbclient.output_widget.OutputWidget.sync_state)
+        raise RuntimeError("stop before grading")
+
+    monkeypatch.setattr(coursework.otter.run, "main", otter_main)
+    monkeypatch.setattr(coursework, "autograder_zip", lambda chapter, out: tmp_path / "a.zip")
+    with pytest.raises(RuntimeError, match="stop before grading"):
+        coursework.grade("client_updates", tmp_path / "submission.ipynb")
+    assert seen == [guard._no_sync]

@@ -37,7 +37,9 @@ import otter.run
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "book" / "_ext"))
 from coursework_read import ROOT, Chapter, Exercise, Plan, chapters, plan, read_chapter  # noqa: E402
+from execution_guard import keep_widget_outputs_client_side  # noqa: E402
 
 OUT = ROOT / "_build" / "coursework"
 INCLUDE = re.compile(r"^(`{3,})\{include\}[ \t]+(\S+)[ \t]*\n\1[ \t]*$", re.MULTILINE)
@@ -196,7 +198,11 @@ def grade(chapter: str, submission: Path, out: Path = OUT) -> Grade:
     """Grades one submission with Otter's ``otter run`` in this environment (no Docker).
 
     The notebook is executed afresh (its own outputs are ignored), a cell that fails does not
-    stop the rest, and then the exercises' checks run against what it left defined."""
+    stop the rest, and then the exercises' checks run against what it left defined. Otter
+    executes it with nbclient, so the book build's fix for the widget-cell stall applies here
+    too (``book/_ext/execution_guard.py``: a grading run of ``client_updates`` stalled without
+    it, kernel and client idle, under load)."""
+    keep_widget_outputs_client_side()
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         results = otter.run.main(

@@ -65,6 +65,13 @@ def _no_sync(self: nbclient.output_widget.OutputWidget) -> None:
     """Keep the captured outputs client-side: send nothing back on the shell channel."""
 
 
+def keep_widget_outputs_client_side() -> None:
+    """The stall's fix for any headless nbclient run in this process: the build (``setup``) and
+    the coursework autograder (``tools/coursework.py``), which executes chapters with widget cells
+    through nbclient too."""
+    nbclient.output_widget.OutputWidget.sync_state = _no_sync
+
+
 def stalled_message(running: dict[str, Any], now: float, limit: float) -> str | None:
     """The watchdog's message if the running cell has passed ``limit`` seconds, else ``None``."""
     since = running.get("since")
@@ -170,7 +177,7 @@ def _source_read(app: Any, docname: str, source: list[str]) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
-    nbclient.output_widget.OutputWidget.sync_state = _no_sync
+    keep_widget_outputs_client_side()
     _guard_cells()
     app.connect("builder-inited", _builder_inited)
     app.connect("source-read", _source_read)
