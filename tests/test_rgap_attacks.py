@@ -358,3 +358,17 @@ def test_table2_rows_carry_both_dlg_columns_and_the_paper_maps_to_both():
     lenet = next(r for r in table.rows if r["model"] == "lenet")
     assert lenet["mse_dlg_own (paper)"] == 3.7e-8
     assert lenet["mse_dlg_own (this run)"] == run["rows"][0]["mse_dlg_own"]
+
+
+def test_table2_declares_dlg_own_setting_on_own_victims():
+    """campaign's estimate counts DLG's own setting on ``own_victims`` images, as the run attacks."""
+    from leakagelib.experiments.registry import Context
+
+    exp = experiments.get("rgap/table2-lenet")
+    paper = exp.config.at("paper")
+    assert paper.own_victims < paper.victims
+    units = exp.work(Context(scale="paper", progress=False, settings=exp.config))
+    for unit in units:
+        own = [load for load in unit if "DLG's setting" in load.net.key]
+        assert [load.images for load in own] == [paper.own_victims], unit
+        assert own[0].net.classes == 100

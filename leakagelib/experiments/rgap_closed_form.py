@@ -94,10 +94,9 @@ def _dlg_own_net(name: str) -> Net:
 
 
 def _table2_work(ctx: Context, name: str) -> list[Load]:
-    """Table 1's loads of a cell, plus DLG in its own setting (``dlg_steps``) on every victim."""
-    own = Load(
-        _dlg_own_net(name), "attack", ctx.config.victims, ctx.config.dlg_steps * LBFGS_EVALUATIONS
-    )
+    """Table 1's loads of a cell, plus DLG in its own setting (``dlg_steps``) on ``own_victims``."""
+    cfg = ctx.config
+    own = Load(_dlg_own_net(name), "attack", cfg.own_victims, cfg.dlg_steps * LBFGS_EVALUATIONS)
     return [*_cell_work(ctx, "cifar10", name, bias=False, init="torch"), own]
 
 
