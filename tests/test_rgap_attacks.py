@@ -9,6 +9,8 @@ both scales and the paper's numbers as reference rows.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -290,3 +292,83 @@ def test_table2_refines_for_8_percent_of_dlgs_steps_and_runs_the_reference(monke
     assert steps["refine"] == math.ceil(0.08 * steps["dlg"]) < steps["dlg"]
     for row in rows:  # the float32 gradient costs the reference at least an order of magnitude
         assert row["mse_rgap"] < 1e-5 and row["mse_rgap_reference"] > 10 * row["mse_rgap"], row
+
+
+def test_per_attack_lbfgs_follows_each_update_alone(two_clients):
+    """``per_attack``: each update's L-BFGS runs as it would alone; one summed L-BFGS does not.
+
+    Ten L-BFGS iterations from U(0, 1): the iterates move by about 1, float32
+    rounding (batched against single kernels) by under 1e-3; the summed
+    objective's shared step lengths and curvature pairs move them elsewhere.
+    """
+    from leakagelib.attacks.presets import idlg
+
+    model, x, y, updates = two_clients
+    model32 = copy.deepcopy(model).float()
+    updates32 = {k: v.float() for k, v in updates.items()}
+    start = torch.rand(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).float()
+
+    def run(n: slice, per_attack: bool) -> torch.Tensor:
+        attack = idlg(steps=1, labels="given", lbfgs_iterations=10, per_attack=per_attack)
+        return attack(
+            model32,
+            {k: v[n] for k, v in updates32.items()},
+            input_shape=SHAPE,
+            labels=y[n].reshape(-1, 1),
+            loss="logistic",
+            initial=start[n].reshape(-1, 1, *SHAPE),
+        ).inputs()
+
+    both = run(slice(0, 2), per_attack=True)
+    alone = torch.cat([run(slice(i, i + 1), per_attack=True) for i in range(2)])
+    assert float((both - start).abs().max()) > 0.5  # the attacks moved
+    assert float((both - alone).abs().max()) < 5e-3
+    assert float((run(slice(0, 2), per_attack=False) - both).abs().max()) > 0.1
+
+
+def test_dlg_in_its_own_setting_recovers_a_small_image():
+    """DLG's own benchmark (U(±0.5) LeNet with biases, 100 classes, soft label): a small MSE."""
+    from leakagelib.experiments import rgap_closed_form as closed_form
+    from leakagelib.experiments.registry import Context
+
+    ctx = Context(scale="ci", progress=False, settings=closed_form.CONFIG)
+    data = load("patches", n=1, seed=0)
+    images = data.images[:, :, :16, :16]
+    case, result = closed_form.dlg_own_setting(ctx, "lenet", images, data.labels, steps=30)
+    assert next(case.model.parameters()).dtype == torch.float32
+    assert case.model[-1].out_features == closed_form.DLG_OWN_CLASSES
+    assert all(float(p.abs().max()) <= 0.5 for p in case.model.parameters())
+    assert float(case.score(result, "mse")[0]) < 1e-5  # 3.7e-8 when written
+
+
+def test_table2_rows_carry_both_dlg_columns_and_the_paper_maps_to_both():
+    """The ci run's rows have every row key (the chapter's compare and the book's index read them)."""
+    from leakagelib import reporting
+
+    exp = experiments.get("rgap/table2-lenet")
+    assert {"mse_dlg", "mse_dlg_own", "mse_rgap_dlg"} <= set(exp.row_keys)
+    for ref in exp.reference:  # the paper's one DLG column stands beside both of ours
+        assert ref["mse_dlg_own"] == ref["mse_dlg"]
+    run = experiments.run("rgap/table2-lenet", progress=False)
+    assert [r["model"] for r in run["rows"]] == ["lenet", "lenet-leaky"]
+    for row in run["rows"]:
+        assert set(exp.row_keys) | {"mse_rgap_reference", "n", "n_dlg_own"} <= set(row), row
+    values = ("mse_dlg", "mse_dlg_own", "mse_rgap", "mse_rgap_dlg", "mse_rgap_reference")
+    table = reporting.compare("rgap/table2-lenet", run, on=("model",), values=values)
+    lenet = next(r for r in table.rows if r["model"] == "lenet")
+    assert lenet["mse_dlg_own (paper)"] == 3.7e-8
+    assert lenet["mse_dlg_own (this run)"] == run["rows"][0]["mse_dlg_own"]
+
+
+def test_table2_declares_dlg_own_setting_on_own_victims():
+    """campaign's estimate counts DLG's own setting on ``own_victims`` images, as the run attacks."""
+    from leakagelib.experiments.registry import Context
+
+    exp = experiments.get("rgap/table2-lenet")
+    paper = exp.config.at("paper")
+    assert paper.own_victims < paper.victims
+    units = exp.work(Context(scale="paper", progress=False, settings=exp.config))
+    for unit in units:
+        own = [load for load in unit if "DLG's setting" in load.net.key]
+        assert [load.images for load in own] == [paper.own_victims], unit
+        assert own[0].net.classes == 100

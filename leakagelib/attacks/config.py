@@ -101,6 +101,14 @@ class AttackConfig:
     * ``keep_best``: return each attack's iterate of lowest recorded objective
       rather than its last (the CVB authors' loop). These three and the plateau
       schedule act per attack (:mod:`.control`).
+    * ``per_attack``: with L-BFGS, give every attack its own L-BFGS
+      (history, step lengths, stopping tests;
+      :func:`~leakagelib.attacks.lbfgs.lbfgs_per_attack`) even without the
+      per-attack control above, so that each attack follows the path
+      ``torch.optim.LBFGS`` would follow on its image alone, as DLG's code
+      attacks one image (mit-han-lab/dlg, ``main.py``). Off, the attacks'
+      objectives are summed into one ``torch.optim.LBFGS``, whose curvature
+      pairs, step length and stopping tests then mix the attacks.
     * ``init``: ``"normal"`` (N(0, init_scale²) in the model's input space, the
       Bayes code), ``"uniform"`` (U within ``bounds``, or U(0, 1)), ``"zeros"``,
       or ``"pattern"`` (CPL's patterned initialisation: one random
@@ -147,6 +155,7 @@ class AttackConfig:
     stop_patience: int | None = None
     stop_below: float | None = None
     keep_best: bool = False
+    per_attack: bool = False
 
     def __post_init__(self) -> None:
         _count("steps", self.steps, "optimiser steps")
@@ -201,12 +210,16 @@ class AttackConfig:
                     low=-math.inf, low_open=True)  # fmt: skip
         if not isinstance(self.keep_best, bool):
             raise TypeError(f"keep_best must be True or False, got {self.keep_best!r}")
+        if not isinstance(self.per_attack, bool):
+            raise TypeError(f"per_attack must be True or False, got {self.per_attack!r}")
 
     @property
     def watched(self) -> bool:
-        """Whether the loop keeps per-attack state (:mod:`.control`): plateau, stops or best iterate."""
+        """Whether the loop keeps per-attack state (:mod:`.control`): plateau, stops, best
+        iterate, or L-BFGS per attack (``per_attack``)."""
         return (
-            self.schedule == "plateau"
+            self.per_attack
+            or self.schedule == "plateau"
             or self.stop_patience is not None
             or self.stop_below is not None
             or self.keep_best

@@ -69,6 +69,7 @@ def dlg_logistic(
     initial: Tensor | None = None,
     relative: bool = False,
     init: str = "normal",
+    per_attack: bool = False,
 ) -> AttackResult:
     """DLG (L-BFGS on the squared gradient distance) on stacked logistic-loss updates.
 
@@ -87,16 +88,22 @@ def dlg_logistic(
     keeps DLG's published, unscaled objective. ``init`` is the random start
     (an :class:`~leakagelib.attacks.AttackConfig` ``init``): ``"normal"``,
     N(0, 1) as DLG's code, or ``"uniform"``, U(0, 1) over the pixel range
-    (experiment ``rgap/table3-rank``).
+    (experiment ``rgap/table3-rank``). ``per_attack`` gives every update's
+    attack its own L-BFGS, the path ``torch.optim.LBFGS`` takes on that image
+    alone as in DLG's code (:class:`~leakagelib.attacks.AttackConfig`'s
+    ``per_attack``; experiment ``rgap/table2-lenet``); by default the N
+    objectives are summed into one L-BFGS.
     """
     per_update = labels.reshape(labels.shape[0], -1) if labels.dim() == 2 else labels.reshape(-1, 1)
-    attack = idlg(steps=steps, labels="given", init=init)
+    attack = idlg(steps=steps, labels="given", init=init, per_attack=per_attack)
     if relative:
         sq = torch.stack([v.double().flatten(1).pow(2).sum(dim=1) for v in updates.values()])
         scale = float(sq.sum(dim=0).mean().sqrt())
         if scale > 0:
             sigma = attack.likelihood.sigma * scale
-            attack = idlg(steps=steps, labels="given", sigma=sigma, init=init)
+            attack = idlg(
+                steps=steps, labels="given", sigma=sigma, init=init, per_attack=per_attack
+            )
     return attack(
         copy.deepcopy(model).float(),
         {k: v.float() for k, v in updates.items()},
@@ -138,6 +145,7 @@ def rgap_then_dlg(
     steps: int,
     generator: torch.Generator | None = None,
     rgap_result: AttackResult | None = None,
+    per_attack: bool = False,
 ) -> AttackResult:
     """R-GAP → DLG (Zhu & Blaschko 2021, §5): DLG started from R-GAP's reconstructions.
 
@@ -146,8 +154,8 @@ def rgap_then_dlg(
     ``rgap_result``, its result on the same updates, is given (experiments
     that also report R-GAP alone pass it). Non-finite pixels of R-GAP's output
     (a failed solve) start from zero instead. The result is DLG's
-    (:func:`dlg_logistic`, ``steps`` L-BFGS steps); its ``details`` are
-    R-GAP's per-update details of the start.
+    (:func:`dlg_logistic`, ``steps`` L-BFGS steps, ``per_attack`` as
+    there); its ``details`` are R-GAP's per-update details of the start.
     """
     start = _rgap_of(model, updates, labels, input_shape, rgap_result)
     images = torch.nan_to_num(start.inputs().detach(), nan=0.0, posinf=0.0, neginf=0.0)
@@ -159,6 +167,7 @@ def rgap_then_dlg(
         steps=steps,
         generator=generator,
         initial=images,
+        per_attack=per_attack,
     )
     result.details = start.details
     return result
