@@ -274,6 +274,7 @@ def test_table2_refines_for_8_percent_of_dlgs_steps_and_runs_the_reference(monke
     import math
 
     from leakagelib.experiments import rgap_closed_form as closed_form
+    from leakagelib.experiments import rgap_lenet
 
     steps = {}
 
@@ -284,8 +285,8 @@ def test_table2_refines_for_8_percent_of_dlgs_steps_and_runs_the_reference(monke
 
         return run
 
-    monkeypatch.setattr(closed_form, "dlg_logistic", spy("dlg", closed_form.dlg_logistic))
-    monkeypatch.setattr(closed_form, "rgap_then_dlg", spy("refine", closed_form.rgap_then_dlg))
+    monkeypatch.setattr(rgap_lenet, "dlg_logistic", spy("dlg", rgap_lenet.dlg_logistic))
+    monkeypatch.setattr(rgap_lenet, "rgap_then_dlg", spy("refine", rgap_lenet.rgap_then_dlg))
     rows = experiments.run("rgap/table2-lenet", progress=False)["rows"]
     paper = closed_form.CONFIG.paper
     assert paper["refine_steps"] == round(0.08 * paper["dlg_steps"])
@@ -328,15 +329,15 @@ def test_per_attack_lbfgs_follows_each_update_alone(two_clients):
 
 def test_dlg_in_its_own_setting_recovers_a_small_image():
     """DLG's own benchmark (U(±0.5) LeNet with biases, 100 classes, soft label): a small MSE."""
-    from leakagelib.experiments import rgap_closed_form as closed_form
+    from leakagelib.experiments import rgap_lenet
     from leakagelib.experiments.registry import Context
 
-    ctx = Context(scale="ci", progress=False, settings=closed_form.CONFIG)
+    ctx = Context(scale="ci", progress=False, settings=rgap_lenet.CONFIG)
     data = load("patches", n=1, seed=0)
     images = data.images[:, :, :16, :16]
-    case, result = closed_form.dlg_own_setting(ctx, "lenet", images, data.labels, steps=30)
+    case, result = rgap_lenet.dlg_own_setting(ctx, "lenet", images, data.labels, steps=30)
     assert next(case.model.parameters()).dtype == torch.float32
-    assert case.model[-1].out_features == closed_form.DLG_OWN_CLASSES
+    assert case.model[-1].out_features == rgap_lenet.DLG_OWN_CLASSES
     assert all(float(p.abs().max()) <= 0.5 for p in case.model.parameters())
     assert float(case.score(result, "mse")[0]) < 1e-5  # 3.7e-8 when written
 
