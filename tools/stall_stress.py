@@ -14,12 +14,16 @@ shell channel). Run it under load to see the difference::
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
+from pathlib import Path
 
-import nbclient.output_widget
 import nbformat
 from nbclient import NotebookClient
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "book" / "_ext"))
+from execution_guard import keep_widget_outputs_client_side  # noqa: E402
 
 SETUP = """\
 import matplotlib
@@ -92,7 +96,7 @@ def main() -> None:
     parser.add_argument("--no-sync", action="store_true", help="apply the book build's fix")
     args = parser.parse_args()
     if args.no_sync:
-        nbclient.output_widget.OutputWidget.sync_state = lambda self: None
+        keep_widget_outputs_client_side()
     stalls = 0
     for run in range(1, args.runs + 1):
         result = run_once(args.cells, args.stall)
