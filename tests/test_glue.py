@@ -9,6 +9,7 @@ the import must not need myst-nb.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -81,11 +82,14 @@ def test_without_myst_nb_the_chapters_still_run(monkeypatch, shown):
 
 
 def test_the_build_marks_its_kernels(monkeypatch):
+    """The kernels get the build's mark and the inline backend, even where MPLBACKEND=Agg."""
     monkeypatch.delenv(BOOK_BUILD_ENV, raising=False)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
     path = ROOT / "book" / "_ext" / "build_mark.py"
     spec = importlib.util.spec_from_file_location("book_ext_build_mark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.setup(object())
     assert in_book_build() and glue_module.BOOK_BUILD_ENV == BOOK_BUILD_ENV
+    assert os.environ["MPLBACKEND"] == "module://matplotlib_inline.backend_inline"
     assert "build_mark: book/_ext" in (ROOT / "_config.yml").read_text()
