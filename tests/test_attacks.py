@@ -819,7 +819,8 @@ def test_the_paper_grids_have_the_papers_counts_and_the_authors_values():
     """§6: 480 combinations for the heuristic attacks, 540 for the Bayes attack."""
     heuristic = Tuner(grid=HeuristicGrid()).around(1.0)
     bayes = Tuner("bayes", grid=BayesGrid(), noise=0.1).around(1.0)
-    assert len(heuristic) == 480 and len(bayes) == 540
+    assert len(heuristic) == HeuristicGrid().size == 480
+    assert len(bayes) == BayesGrid().size == 540
     # heuristic: β = c/(f·m_end) annealed from c/(f·m_start), both multipliers in (1, ½, 1.5, 2)
     ends = {round(1 / s.beta, 9) for s in heuristic}
     starts = {round(1 / (s.beta_start or s.beta), 9) for s in heuristic}

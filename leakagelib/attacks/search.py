@@ -44,6 +44,7 @@ defenses".
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -112,6 +113,11 @@ class HeuristicGrid:
         """The grid's axes, in the order the tuner's ``itertools.product`` runs them."""
         return self.end_factors, self.start_factors, self.lr_factors, self.decays, self.weightings
 
+    @property
+    def size(self) -> int:
+        """The number of combinations (480 with the defaults; chapter "Bayes vs heuristics")."""
+        return math.prod(len(axis) for axis in self.axes())
+
 
 @dataclass(frozen=True)
 class BayesGrid:
@@ -130,6 +136,11 @@ class BayesGrid:
     def axes(self) -> tuple[tuple, ...]:
         """The grid's axes, in the order the tuner's ``itertools.product`` runs them."""
         return self.start_factors, self.prior_weights, self.lr_factors, self.decays
+
+    @property
+    def size(self) -> int:
+        """The number of combinations (540 with the defaults; chapter "Bayes vs heuristics")."""
+        return math.prod(len(axis) for axis in self.axes())
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ __all__ = [
     "n_added",
     "reference_rows",
     "run_attack",
+    "scale_note",
     "ssim_row",
     "to_rgb32",
     "training_loads",
@@ -177,6 +178,31 @@ TRAINING = ScaleConfig(
         "val_fraction": "§V-A; configs/data/*.yaml create_validation_split 0.1",
     },
 )  # fmt: skip
+
+
+def scale_note(own_images: int, own_steps: Sequence[int]) -> dict[str, str]:
+    """The ci settings that the CVB chapters' "Scale of this chapter" notes name, as text to glue.
+
+    ``own_images`` and ``own_steps`` are the chapter's own attacks at ci (its
+    victims; its Inverting Gradients iterations); the registered experiments'
+    come from :data:`ATTACK` and :data:`TRAINING`. Keys: ``images`` and
+    ``steps`` (ranges over both), ``paper_steps`` (the paper's iterations),
+    ``rounds`` and ``train`` (the ci federated rounds and training images).
+    Used by the chapters "Variational bottlenecks", "CVB against attacks and
+    architectures" and "CVB against DP-SGD and gradient compression".
+    """
+
+    def span(values: Sequence[int]) -> str:
+        low, high = min(values), max(values)
+        return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+    return {
+        "images": span([ATTACK.ci["victims"], own_images]),
+        "steps": span([ATTACK.ci["ig_steps"], *own_steps]),
+        "paper_steps": f"{ATTACK.paper['ig_steps']:,}",
+        "rounds": str(TRAINING.ci["rounds"]),
+        "train": f"{TRAINING.ci['n_train']:,}",
+    }
 
 
 def cvb_config(
