@@ -95,6 +95,7 @@ def compare(
     values: Sequence[str],
     record: Mapping[str, Any] | None | str = "results",
     caption: str = "",
+    long: bool = False,
 ) -> Table:
     """The paper's reference rows, the paper-scale record and ``run`` side by side.
 
@@ -104,7 +105,10 @@ def compare(
     columns; for every name in ``values`` the table has the columns
     ``NAME (paper)``, ``NAME (record)`` and ``NAME (this run)``, with :data:`MISSING`
     where a source has no such row. Row order: the paper's, then rows only
-    the record or the run has.
+    the record or the run has. ``long=True`` gives one row per key and value
+    instead, with the columns ``on``, ``value``, ``paper``, ``record`` and
+    ``this run``: a narrow table where many values are compared (chapter
+    "R-GAP in practice", Table 2's five errors).
     """
     from . import experiments
     from .records import paper_record
@@ -123,10 +127,19 @@ def compare(
         keys.extend(k for k in rows if k not in keys)
     out = []
     for key in keys:
-        row: dict[str, Any] = dict(zip(on, key, strict=True))
+        head: dict[str, Any] = dict(zip(on, key, strict=True))
+        row = dict(head)
         for value in values:
-            for name, rows in indexed.items():
-                found = rows[key].get(value) if key in rows else None
-                row[f"{value} ({name})"] = MISSING if found is None else found
-        out.append(row)
+            found = {
+                name: MISSING
+                if key not in rows or rows[key].get(value) is None
+                else rows[key][value]
+                for name, rows in indexed.items()
+            }
+            if long:
+                out.append({**head, "value": value, **found})
+            else:
+                row.update({f"{value} ({name})": v for name, v in found.items()})
+        if not long:
+            out.append(row)
     return Table(out, caption=caption or f"{experiment_id}: paper | results/ record | this run")

@@ -359,6 +359,13 @@ def test_table2_rows_carry_both_dlg_columns_and_the_paper_maps_to_both():
     lenet = next(r for r in table.rows if r["model"] == "lenet")
     assert lenet["mse_dlg_own (paper)"] == 3.7e-8
     assert lenet["mse_dlg_own (this run)"] == run["rows"][0]["mse_dlg_own"]
+    narrow = reporting.compare("rgap/table2-lenet", run, on=("model",), values=values, long=True)
+    assert [(r["model"], r["value"]) for r in narrow.rows] == [
+        (model, value) for model in ("lenet", "lenet-leaky") for value in values
+    ]
+    own = next(r for r in narrow.rows if (r["model"], r["value"]) == ("lenet", "mse_dlg_own"))
+    assert own["paper"] == 3.7e-8 and own["this run"] == run["rows"][0]["mse_dlg_own"]
+    assert set(own) == {"model", "value", "paper", "record", "this run"}
 
 
 def test_table2_declares_dlg_own_setting_on_own_victims():

@@ -16,7 +16,6 @@ Both are called by the chapter "Breaking heuristic defenses".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import cache, partial
 from typing import Any
 
@@ -42,7 +41,7 @@ from .bayes_soteria import (
 )
 from .bayes_work import fig2_work, precode_work
 from .case import build_case
-from .config import ScaleConfig
+from .config import ScaleConfig, Settings
 from .registry import Context, experiment
 from .work import split_size
 
@@ -240,10 +239,10 @@ def _ats_row(
     return row
 
 
-def _attacked(cfg: Mapping[str, Any], victims: int, step: int) -> int:
+def _attacked(cfg: Settings, victims: int, step: int) -> int:
     """How many images a defense's attack takes after ``step`` training steps: its ``victims``,
     or Fig. 3's ``fig3_victims`` at ``fig3_step`` if those are more."""
-    return max(victims, cfg["fig3_victims"]) if step == cfg["fig3_step"] else victims
+    return max(victims, cfg.fig3_victims) if step == cfg.fig3_step else victims
 
 
 def _soteria_rows(
@@ -278,13 +277,13 @@ def _curve_row(
     psnr: Tensor,
     original: Tensor | None,
     reconstruction: Tensor,
-    cfg: Mapping[str, Any],
+    cfg: Settings,
 ) -> dict[str, Any]:
     """A row of Fig. 2: defense, training step, mean PSNR, its standard deviation and the
     per-image values, with Fig. 3's images (``figure3``) at ``fig3_step`` when ``original``
     is given."""
     row = {"defense": defense, "step": step, **psnr_summary(psnr), "psnr_per_image": psnr.tolist()}
-    if original is not None and step == cfg["fig3_step"]:
+    if original is not None and step == cfg.fig3_step:
         row["figure3"] = _pictures(original, reconstruction)
     return row
 
