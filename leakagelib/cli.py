@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import data, models
-from .records import record_filename, write_record
+from .records import record_filename, run_seconds, write_record
 from .reporting import format_table
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path:
     print(format_table(record["rows"]))
     path = _write_safely(record, out)
     partial.discard()
-    wall = record["provenance"]["wall_seconds"]
+    wall = run_seconds(record["provenance"])
     print(f"\n{len(record['rows'])} rows in {wall:.1f} s; record written to {path}")
     return path
 
@@ -231,7 +231,7 @@ def _plan_line(
 
     if out.exists():
         prov = read_record(out)["provenance"]
-        where = f"{prov.get('wall_seconds', '?')} s on {prov.get('device_name', '?')}"
+        where = f"{run_seconds(prov):.1f} s on {prov.get('device_name', '?')}"
         return "done", f"{exp_id:28s} done ({where})", 0.0
     partial_path = out.with_name(out.name + ".partial")
     if partial_path.exists():

@@ -69,6 +69,26 @@ def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]
     }
 
 
+def run_seconds(prov: dict[str, Any]) -> float:
+    """A record's run time: its units' summed seconds if it was resumed, else its wall time.
+
+    A resumed record's ``wall_seconds`` counts only the last process; its
+    ``unit_seconds`` (:meth:`leakagelib.experiments.resume.PartialRecord.provenance`)
+    counts every unit. NaN when the record says neither. The command line and
+    the reproduction index show it.
+    """
+    key = "unit_seconds" if prov.get("resumed") else "wall_seconds"
+    value = prov.get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def made_by(prov: dict[str, Any]) -> list[str]:
+    """The commits whose code made a record: its units' (when it lists them) or its own."""
+    units = [u.get("commit") for u in prov.get("units", [])]
+    found = sorted({c for c in units if c}) or [prov.get("commit")]
+    return [str(c) for c in found if c]
+
+
 def _jsonable(value: Any) -> Any:
     """Turn tensors, numpy scalars and non-finite floats into plain JSON values."""
     if isinstance(value, dict):

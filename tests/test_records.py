@@ -134,3 +134,23 @@ def test_provenance_names_the_commit_the_library_was_imported_at(monkeypatch):
     monkeypatch.setattr(records, "IMPORTED_COMMIT", "a" * 40)
     monkeypatch.setattr(records, "_git_commit", lambda: "b" * 40)
     assert records.provenance(seed=0, device="cpu", wall_seconds=1.0)["commit"] == "a" * 40
+
+
+def test_a_resumed_records_run_time_counts_every_unit_and_names_their_commits():
+    once = {"wall_seconds": 7.0, "commit": "c" * 40}
+    assert records.run_seconds(once) == 7.0
+    assert records.made_by(once) == ["c" * 40]
+    resumed = {
+        "wall_seconds": 3.0,
+        "commit": "c" * 40,
+        "resumed": True,
+        "unit_seconds": 10.5,
+        "units": [
+            {"unit": "a", "seconds": 7.5, "commit": "b" * 40, "device": "cuda"},
+            {"unit": "b", "seconds": 3.0, "commit": "c" * 40, "device": "cpu"},
+        ],
+    }
+    assert records.run_seconds(resumed) == 10.5, "not the last process's 3 s"
+    assert records.made_by(resumed) == ["b" * 40, "c" * 40]
+    assert math.isnan(records.run_seconds({}))
+    assert records.made_by({}) == []

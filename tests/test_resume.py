@@ -14,7 +14,7 @@ import torch
 from leakagelib.cli import main
 from leakagelib.experiments import registry
 from leakagelib.experiments.resume import PartialRecord, unit_seed
-from leakagelib.records import read_record
+from leakagelib.records import IMPORTED_COMMIT, read_record
 
 UNITS = ("a", "b", "c", "d")
 
@@ -58,6 +58,11 @@ def test_a_resumed_run_gives_the_record_of_an_uninterrupted_one(toy, tmp_path, c
     assert calls == ["c", "d"], "only the unfinished units ran"
     assert read_record(halves)["rows"] == read_record(whole)["rows"]
     assert not (tmp_path / "halves.json.partial").exists()
+    made = read_record(halves)["provenance"]
+    assert made["resumed"] and not read_record(whole)["provenance"]["resumed"]
+    assert [u["unit"] for u in made["units"]] == list(UNITS)
+    assert {(u["commit"], u["device"]) for u in made["units"]} == {(IMPORTED_COMMIT, "cpu")}
+    assert made["unit_seconds"] == pytest.approx(sum(u["seconds"] for u in made["units"]))
 
 
 def test_the_progress_bar_of_a_resumed_run_starts_at_its_finished_units(toy, tmp_path, capsys):
@@ -97,6 +102,17 @@ def test_partial_records_are_written_atomically_with_their_pace(tmp_path):
     assert again.get(("cell", 1)) == [{"psnr": "inf"}]
     assert again.estimate() == 3 * 3.0, "three units left at 3 s each"
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"], "no temporary file left"
+
+
+def test_units_saved_without_their_maker_are_listed_with_none():
+    """A partial record written before units kept their commit and device still resumes."""
+    part = PartialRecord("unused.json", {"experiment": "x"}, resume=False)
+    part.units, part.seconds = {'"a"': [{"v": 1.0}]}, {'"a"': 2.5}
+    assert part.provenance() == {
+        "resumed": False,
+        "unit_seconds": 2.5,
+        "units": [{"unit": "a", "seconds": 2.5, "commit": None, "device": None}],
+    }
 
 
 def test_campaign_plans_first_then_runs_the_unfinished_and_resumes_partial_ones(

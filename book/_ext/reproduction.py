@@ -156,7 +156,7 @@ def index_lines(chapters: dict[str, Path]) -> list[str]:
             status, time, dev = "record pending", "—", "—"
         else:
             status = f"{record['scale']}-scale record (below)"
-            time = duration(float(record["provenance"].get("wall_seconds", math.nan)))
+            time = duration(records.run_seconds(record["provenance"]))
             dev = device(record)
         paper = f"{{cite:t}}`{paper_key(exp_id)}`"
         rows.append(
@@ -242,8 +242,11 @@ def record_lines(exp: Any, record: dict[str, Any]) -> list[str]:
         f":::{{dropdown}} {title}: the record beside the paper",
         f"Paper: {cell(paper)}.",
         f"Record: `results/{records.record_filename(exp.id)}`, {record['scale']} scale, "
-        f"{duration(float(prov.get('wall_seconds', math.nan)))} on {cell(device(record))}, "
-        f"seed {prov.get('seed', '?')}, commit `{str(prov.get('commit'))[:12]}`.",
+        f"{duration(records.run_seconds(prov))} on {cell(device(record))}, "
+        f"seed {prov.get('seed', '?')}, "
+        + ("resumed, its units made at " if prov.get("resumed") else "")
+        + (", ".join(f"commit `{c[:12]}`" for c in records.made_by(prov)) or "commit unknown")
+        + ".",
     ]
     for caption, table in side_by_side(exp, record):
         shown = table.rows[:MAX_ROWS]

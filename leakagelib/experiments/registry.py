@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import data as _data
-from ..records import jsonable, provenance
+from ..records import IMPORTED_COMMIT, jsonable, provenance
 from .config import EMPTY, ScaleConfig, Settings
 from .resume import PartialRecord, unit_key, unit_seed
 from .work import WorkFn
@@ -208,7 +208,8 @@ class Context:
             rows = compute(key)
             if self.partial is not None:
                 rows = jsonable(rows)
-                self.partial.add(key, rows, time.perf_counter() - start, len(keys))
+                made = {"commit": IMPORTED_COMMIT, "device": self.device}
+                self.partial.add(key, rows, time.perf_counter() - start, len(keys), made=made)
             done[unit_key(key)] = rows
         return [row for key in keys for row in done[unit_key(key)]]
 
@@ -378,4 +379,6 @@ def run(
         described[name] = {**entry, "note": note} if isinstance(entry, dict) else note
     record["data"] = described
     record["provenance"] = provenance(seed=seed, device=device, wall_seconds=wall)
+    if partial is not None:
+        record["provenance"].update(partial.provenance())
     return record

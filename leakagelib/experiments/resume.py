@@ -8,7 +8,9 @@ experiment runs its units through :meth:`leakagelib.experiments.Context.units`,
 which skips the units a :class:`PartialRecord` already holds and saves the
 partial record atomically after each new one. So a run killed halfway and
 resumed gives the same rows as a run that was never interrupted (a test
-checks it). ``python -m leakagelib reproduce ID --out F.json`` keeps the
+checks it). Each unit keeps how long it took and the commit and device that
+made it, and the final record lists them (:meth:`PartialRecord.provenance`):
+a resumed run's units may come from several processes, commits or devices. ``python -m leakagelib reproduce ID --out F.json`` keeps the
 partial record in ``F.json.partial`` until the final record is written.
 """
 
@@ -49,9 +51,12 @@ class PartialRecord:
         self.identity = dict(identity)
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.seconds: dict[str, float] = {}
+        self.made: dict[str, dict[str, str]] = {}
         self.total: int | None = None
+        self.loaded: frozenset[str] = frozenset()
         if resume and self.path.exists():
             self._load()
+            self.loaded = frozenset(self.units)
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> PartialRecord:
@@ -84,6 +89,7 @@ class PartialRecord:
             raise ValueError(f"{self.path} is not a partial record (no 'units' object)")
         self.units = saved["units"]
         self.seconds = saved.get("seconds", {})
+        self.made = saved.get("made", {})
         self.total = saved.get("total")
         return saved.get("identity", {})
 
@@ -91,13 +97,48 @@ class PartialRecord:
         """The rows of a finished unit, or ``None``."""
         return self.units.get(unit_key(key))
 
-    def add(self, key: Any, rows: list[dict[str, Any]], seconds: float, total: int) -> None:
-        """Record a finished unit (its rows, how long it took, of ``total`` units) and save."""
+    def add(
+        self,
+        key: Any,
+        rows: list[dict[str, Any]],
+        seconds: float,
+        total: int,
+        *,
+        made: dict[str, str] | None = None,
+    ) -> None:
+        """Record a finished unit and save: its rows, how long it took, of ``total`` units.
+
+        ``made`` says what made it (``{"commit": ..., "device": ...}``; see :meth:`provenance`).
+        """
         self.units[unit_key(key)] = rows
         self.seconds[unit_key(key)] = round(float(seconds), 3)
+        if made is not None:
+            self.made[unit_key(key)] = dict(made)
         self.total = int(total)
         saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
-        write_json_atomically({**saved, "units": self.units}, self.path)
+        write_json_atomically({**saved, "made": self.made, "units": self.units}, self.path)
+
+    def provenance(self) -> dict[str, Any]:
+        """The units' part of a final record's provenance.
+
+        ``resumed`` (whether units came from an earlier process), ``unit_seconds``
+        (the units' summed time, across processes: a resumed record's
+        ``wall_seconds`` is only the last process's) and ``units``, one entry per
+        unit with its key, seconds, and the commit and device that made it
+        (``None`` for units saved before partial records kept them).
+        """
+        units = [
+            {"unit": json.loads(key), "seconds": self.seconds.get(key), **self.made.get(key, {})}
+            for key in self.units
+        ]
+        for unit in units:
+            unit.setdefault("commit", None)
+            unit.setdefault("device", None)
+        return {
+            "resumed": bool(self.loaded),
+            "unit_seconds": round(sum(self.seconds.get(k, 0.0) for k in self.units), 3),
+            "units": units,
+        }
 
     def estimate(self) -> float | None:
         """Seconds the unfinished units will take at the mean pace of the finished ones.
