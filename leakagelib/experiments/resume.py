@@ -10,8 +10,9 @@ partial record atomically after each new one. So a run killed halfway and
 resumed gives the same rows as a run that was never interrupted (a test
 checks it). Each unit keeps how long it took and the commit and device that
 made it, and the final record lists them (:meth:`PartialRecord.provenance`):
-a resumed run's units may come from several processes, commits or devices. ``python -m leakagelib reproduce ID --out F.json`` keeps the
-partial record in ``F.json.partial`` until the final record is written.
+a resumed run's units may come from several processes, commits or devices.
+``python -m leakagelib reproduce ID --out F.json`` keeps the partial record
+in ``F.json.partial`` until the final record is written.
 """
 
 from __future__ import annotations
@@ -127,13 +128,16 @@ class PartialRecord:
         unit with its key, seconds, and the commit and device that made it
         (``None`` for units saved before partial records kept them).
         """
+        unknown = {"commit": None, "device": None}
         units = [
-            {"unit": json.loads(key), "seconds": self.seconds.get(key), **self.made.get(key, {})}
+            {
+                "unit": json.loads(key),
+                "seconds": self.seconds.get(key),
+                **unknown,
+                **self.made.get(key, {}),
+            }
             for key in self.units
         ]
-        for unit in units:
-            unit.setdefault("commit", None)
-            unit.setdefault("device", None)
         return {
             "resumed": bool(self.loaded),
             "unit_seconds": round(sum(self.seconds.get(k, 0.0) for k in self.units), 3),
