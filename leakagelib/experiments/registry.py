@@ -378,7 +378,6 @@ def run(
         entry = described.get(name)
         described[name] = {**entry, "note": note} if isinstance(entry, dict) else note
     record["data"] = described
-    record["provenance"] = provenance(seed=seed, device=device, wall_seconds=wall)
-    if partial is not None:
-        record["provenance"].update(partial.provenance())
+    units = partial.provenance() if partial is not None else {}  # a resumable run's units
+    record["provenance"] = {**provenance(seed=seed, device=device, wall_seconds=wall), **units}
     return record
