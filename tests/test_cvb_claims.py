@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from leakagelib.experiments import cvb_claims
-from leakagelib.experiments.cvb_analysis import attack_ssim, victims
+from leakagelib.experiments.cvb_analysis import attack_ssim, gradient_entries, victims
 from leakagelib.experiments.cvb_common import CVB_DEFAULT, PRECODE_TABLE2, cnn
 
 torch.set_num_threads(1)
@@ -47,6 +47,38 @@ def test_the_cvb_chapters_claims_hold_on_more_seeds(seed: int):
     assert set(gains) == set(cvb_claims.CLAIMS), "every claim is checked"
     assert all(gain.low > 0 for gain in gains.values()), gains
     assert float(ssim["none"].mean() - ssim["cvb"].mean()) >= cvb_claims.MIN_DROP, ssim
+
+
+#: Figure 5's entries, as the chapter "Variational bottlenecks" follows them.
+ENTRIES = {
+    "none": ({}, ("conv3.conv.weight", "head.weight")),
+    "precode": ({**PRECODE_TABLE2, "position": 3}, ("precode.decoder.weight", "head.weight")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_figure5s_reading_holds_on_more_seeds(seed: int):
+    """Without a defense the entries approach the client's; through PRECODE the head's jumps."""
+    images, labels, norm = victims("mnist", IMAGES, scale="ci", seed=seed)
+    motion = {
+        key: cvb_claims.entry_motion(
+            gradient_entries(
+                cnn(spec or None, seed=seed), images, labels, norm, parameters=names, seed=seed
+            )  # fmt: skip
+        )
+        for key, (spec, names) in ENTRIES.items()
+    }
+    assert all(m["end"] < m["start"] for m in motion["none"].values()), motion
+    assert motion["precode"]["head.weight"]["jump"] > 10 * motion["none"]["head.weight"]["jump"]
+
+
+def test_entry_motion_reads_distances_and_jumps():
+    values = torch.tensor([4.0, 3.0, 2.0, 1.0, 1.0, 1.0])
+    motion = cvb_claims.entry_motion({"w": (values, 1.0)}, window=2)
+    assert motion == {"w": {"start": 2.5, "end": 0.0, "jump": 0.0}}
+    with pytest.raises(ValueError, match="fewer than window"):
+        cvb_claims.entry_motion({"w": (values, 1.0)}, window=6)
 
 
 def test_a_claim_fails_when_its_sides_swap_and_bad_keys_are_named():

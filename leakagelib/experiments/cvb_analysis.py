@@ -3,8 +3,8 @@
 Beside the registered experiments (:mod:`.cvb_precode`, :mod:`.cvb_defenses`,
 :mod:`.cvb_architectures`) the chapter attacks models of its own choosing:
 the ignore attack against reading every gradient, CVB against no defense,
-the widgets' PRECODE and CVB variants, and the per-layer gradient
-similarities of the CVB paper's Fig. 6. These functions run the same
+the widgets' PRECODE and CVB variants, the per-layer gradient similarities
+of the CVB paper's Fig. 6 and the gradient entries of its Fig. 5. These functions run the same
 protocol (:mod:`.cvb_common`) at the ``scale`` and ``seed`` they are given.
 """
 
@@ -31,7 +31,7 @@ from .cvb_common import (
 )
 from .registry import Context
 
-__all__ = ["attack_ssim", "gradient_trace", "utility", "victims"]
+__all__ = ["attack_ssim", "gradient_entries", "gradient_trace", "utility", "victims"]
 
 #: The protocol alone, as the chapter's analyses run it (no experiment's own settings).
 PROTOCOL = cvb_config(ATTACK, TRAINING, ci={}, paper={}, sources={})
@@ -90,6 +90,34 @@ def attack_ssim(
     return case.score(result, "ssim_minmax"), case.reconstructions(result)
 
 
+def _first_image_attack(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    norm: Normalizer,
+    *,
+    steps: int,
+    include: Sequence[str] | None,
+    seed: int,
+    device: str,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Inverting Gradients on ``images`` (each its own client, as :func:`attack_ssim`), with
+    ``include`` defaulting to every parameter: the first image's iterates (T×1×C×H×W) and its
+    shared update. The authors' TV weight for the CNN; ``model`` is left on the CPU."""
+    if include is None:
+        include = [n for n, p in model.named_parameters() if p.requires_grad]
+    iterates: list[Tensor] = []
+
+    def keep(_step: int, x: Tensor) -> None:
+        iterates.append(x[0, 0, 0, :1].cpu())  # setting 0, first update, restart 0: image 0
+
+    ctx = _context("ci", seed, device)  # IG's learning rate is the same at both scales
+    attack = cvb_attack("inverting-gradients", ctx.config, include=include, steps=steps)
+    case, _ = run_attack(ctx, model, Victims(images, labels, norm), attack, callback=keep)
+    model.cpu()
+    return torch.cat(iterates), {k: v[0].cpu() for k, v in case.updates.items()}
+
+
 def gradient_trace(
     model: nn.Module,
     images: Tensor,
@@ -114,18 +142,45 @@ def gradient_trace(
     40 steps keep the chapter fast, and the figure's shape shows early. The similarities are
     computed on the CPU, so ``model`` is left there (moved in place).
     """
-    if include is None:
-        include = [n for n, p in model.named_parameters() if p.requires_grad]
-    iterates: list[Tensor] = []
+    iterates, target = _first_image_attack(model, images, labels, norm, steps=steps,
+                                           include=include, seed=seed, device=device)  # fmt: skip
+    return analysis.similarity_trace(model, target, iterates, labels[:1].cpu())
 
-    def keep(_step: int, x: Tensor) -> None:
-        iterates.append(x[0, 0, 0, :1].cpu())  # setting 0, first update, restart 0: image 0
 
-    ctx = _context("ci", seed, device)  # IG's learning rate is the same at both scales
-    attack = cvb_attack("inverting-gradients", ctx.config, include=include, steps=steps)
-    case, _ = run_attack(ctx, model, Victims(images, labels, norm), attack, callback=keep)
-    target = {k: v[0].cpu() for k, v in case.updates.items()}
-    return analysis.similarity_trace(model.cpu(), target, torch.cat(iterates), labels[:1].cpu())
+def gradient_entries(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    norm: Normalizer,
+    *,
+    parameters: Sequence[str],
+    steps: int = 40,
+    include: Sequence[str] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+) -> dict[str, tuple[Tensor, float]]:
+    """CVB paper §III-A, Fig. 5: one randomly chosen entry of each of ``parameters``' gradients.
+
+    The same attack as :func:`gradient_trace`; for every parameter name, the
+    entry's value in the dummy gradient after each iteration
+    (:func:`leakagelib.analysis.entry_trace`, fresh bottleneck noise at every
+    iterate) and in the client's update. The entries are drawn from a
+    generator seeded with ``seed``. Fig. 5 plots two such entries against
+    each other: without a defense they walk to the client's point, after a
+    stochastic bottleneck they jump from step to step.
+    """
+    params = dict(model.named_parameters())
+    unknown = [name for name in parameters if name not in params]
+    if unknown:
+        raise KeyError(f"the model has no parameters {unknown}; it has {sorted(params)}")
+    gen = torch.Generator().manual_seed(seed)
+    entries = {
+        name: int(torch.randint(params[name].numel(), (1,), generator=gen)) for name in parameters
+    }
+    iterates, target = _first_image_attack(model, images, labels, norm, steps=steps,
+                                           include=include, seed=seed, device=device)  # fmt: skip
+    values = analysis.entry_trace(model, iterates, labels[:1].cpu(), entries)
+    return {name: (values[name], float(target[name].reshape(-1)[i])) for name, i in entries.items()}
 
 
 def utility(

@@ -10,6 +10,11 @@ claim holds when its interval's ``low`` is above 0. The chapters assert them
 in hidden cells for their seed, ``tests/test_cvb_claims.py`` for two more, so
 that one definition of each claim serves both.
 
+The CVB paper's Figure 5 follows single gradient entries along one image's
+attack instead (:func:`~leakagelib.experiments.cvb_analysis.gradient_entries`);
+:func:`entry_motion` summarises how they move, and the chapter "Variational
+bottlenecks" asserts what its figure shows from it.
+
 The SSIMs are keyed by what was attacked: ``"none"`` (the CNN without a
 defense), ``"cvb"`` (CVB at position 1), ``"late"`` (CVB at position 3),
 and, on PRECODE at position 3, ``"plain"`` (every gradient attacked),
@@ -25,7 +30,7 @@ from torch import Tensor
 
 from .bayes_scenario import PairedGap, paired_interval
 
-__all__ = ["CLAIMS", "MIN_DROP", "ssim_gains"]
+__all__ = ["CLAIMS", "MIN_DROP", "entry_motion", "ssim_gains"]
 
 #: Claim → (the SSIMs that must be higher, the SSIMs they are compared with), per image.
 CLAIMS: dict[str, tuple[str, str]] = {
@@ -61,3 +66,31 @@ def ssim_gains(ssim: Mapping[str, Sequence[float] | Tensor]) -> dict[str, Paired
     if not gains:
         raise ValueError(f"the SSIMs {sorted(ssim)} complete no claim of {list(CLAIMS)}")
     return gains
+
+
+def entry_motion(
+    entries: Mapping[str, tuple[Tensor, float]], window: int = 10
+) -> dict[str, dict[str, float]]:
+    """How each gradient entry of :func:`~.cvb_analysis.gradient_entries` moves along the attack.
+
+    Per parameter: ``"start"`` and ``"end"``, the mean distance of the dummy
+    gradient's entry to the client's value over the first and the last
+    ``window`` iterations, and ``"jump"``, its mean change from one iteration
+    to the next over the last ``window``. Figure 5's reading: without a
+    defense ``end`` falls below ``start``; after a stochastic bottleneck the
+    entries keep jumping.
+    """
+    out = {}
+    for name, (values, client) in entries.items():
+        if len(values) < window + 1:
+            raise ValueError(
+                f"{name}: {len(values)} iterations, fewer than window + 1 = {window + 1}"
+            )
+        distance = (values - client).abs()
+        steps = (values[1:] - values[:-1]).abs()
+        out[name] = {
+            "start": float(distance[:window].mean()),
+            "end": float(distance[-window:].mean()),
+            "jump": float(steps[-window:].mean()),
+        }
+    return out
