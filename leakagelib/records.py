@@ -69,6 +69,15 @@ def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]
     }
 
 
+def image_lists(images: Any) -> list:
+    """Images (a tensor) clamped to [0, 1] as nested lists rounded to 4 decimals, for a record.
+
+    The figures a record keeps (the Bayes paper's Figs. 3 and 6, the CVB paper's Figs. 10 and
+    12) hold their originals and reconstructions this way.
+    """
+    return images.detach().cpu().double().clamp(0, 1).mul(1e4).round().div(1e4).tolist()
+
+
 def run_seconds(prov: dict[str, Any]) -> float:
     """A record's run time: its units' summed seconds if it was resumed, else its wall time.
 

@@ -413,6 +413,11 @@ def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path,
         ("pneumoniamnist", "cvb"),
     ]
     assert all(0.0 <= r["accuracy"] <= 1.0 and -1.0 <= r["ssim"] <= 1.0 for r in record["rows"])
+    for row in record["rows"]:  # Fig. 12: the victims beside their reconstructions
+        original, recon = (np.array(row["pictures"][k]) for k in ("original", "reconstruction"))
+        assert original.shape == recon.shape and original.shape[1:] == (3, 32, 32)
+        assert 0 < len(original) <= 4 and 0.0 <= min(original.min(), recon.min())
+        assert max(original.max(), recon.max()) <= 1.0
     assert record["data"]["dermamnist"].startswith("skipped: MedMNIST file")
     (tmp_path / "pneumoniamnist.npz").unlink()
     with pytest.raises(RuntimeError, match="pip install medmnist"):

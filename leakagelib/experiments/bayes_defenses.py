@@ -27,13 +27,13 @@ from ..attacks import bias_attack, preset
 from ..data import Normalizer
 from ..defenses import ATSAugmentation, Soteria
 from ..fl import TrainResult, train
+from ..records import image_lists
 from .bayes_soteria import (
     SOTERIA_CI,
     SOTERIA_PAPER,
     SOTERIA_SOURCES,
     SOTERIA_STAND_IN,
     TRAIN_BATCH,
-    image_lists,
     psnr_summary,
     soteria_attacks,
     stand_in_note,

@@ -51,6 +51,7 @@ from ..attacks import Attack, TotalVariation, preset
 from ..data import Dataset, Normalizer
 from ..defenses import GradientDefense, Soteria, layer_drop_attack
 from ..fl import TrainResult, train
+from ..records import image_lists
 from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
@@ -66,7 +67,6 @@ __all__ = [
     "TRAIN_BATCH",
     "convbig",
     "fig5_soteria_layers",
-    "image_lists",
     "psnr_summary",
     "soteria_attacks",
     "soteria_case",
@@ -238,11 +238,6 @@ def soteria_attacks(settings: Mapping[str, Any], defense: GradientDefense) -> di
         "layer-drop": preset("bayes", likelihood=defense.likelihood(), **loop),
         "direct": preset(DIRECT[settings["likelihood"]], **loop),
     }
-
-
-def image_lists(images: Tensor) -> list:
-    """Images clamped to [0, 1] as nested lists rounded to 4 decimals, for a JSON record."""
-    return images.detach().cpu().double().clamp(0, 1).mul(1e4).round().div(1e4).tolist()
 
 
 def psnr_summary(psnr: Tensor) -> dict[str, float]:

@@ -23,6 +23,7 @@ from .cvb_common import (
     ATTACK,
     CVB_DEFAULT,
     CVB_NET,
+    FIGURE_IMAGES,
     SHAPE,
     TRAINING,
     attack_layers,
@@ -124,8 +125,9 @@ def table5_architectures(ctx: Context) -> dict[str, Any]:
     At ci the ResNet has base width 8 and the ViT 2 blocks of width 64.
     Victims: client 0's training images (named in the record's ``data``). Rows:
     ``dataset``, ``model``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``. Data: ``cifar10`` (and ``mnist`` at paper scale). One unit
-    per row: (dataset, model, defense).
+    ``accuracy``, ``pictures`` (the first victims and their reconstructions:
+    Fig. 10). Data: ``cifar10`` (and ``mnist`` at paper scale). One unit per
+    row: (dataset, model, defense).
     """
     victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
 
@@ -138,7 +140,8 @@ def table5_architectures(ctx: Context) -> dict[str, Any]:
         case, result = run_attack(ctx, model, victims(dataset), attack)
         fresh = architecture(name, cvb, ctx.config, seed=ctx.seed)
         return [ssim_row(case, result, dataset=dataset, model=name, defense=defense,
-                         accuracy=fedavg_accuracy(ctx, fresh, dataset))]  # fmt: skip
+                         accuracy=fedavg_accuracy(ctx, fresh, dataset),
+                         pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(d, name, defense) for d in ctx.config.datasets for name in TABLE5_MODELS
              for defense in ("none", "cvb")]  # fmt: skip
@@ -211,7 +214,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
     with the paper's kernel size per dataset; IG with the authors' TV 0.1 for
     the CNN, with and without CVB; victims from client 0's training images
     (named in the record's ``data``). Rows: ``dataset``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``. One unit per row: (dataset, defense); the estimate of its
+    ``accuracy``, ``pictures`` (as Table V's: Fig. 12). One unit per row: (dataset, defense); the estimate of its
     work counts all four datasets.
     """
     kernels = ctx.config.kernels
@@ -227,7 +230,8 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
         case, result = run_attack(ctx, model, victims, attack)
         fresh = cnn(spec, seed=ctx.seed, num_classes=classes)
         return [ssim_row(case, result, dataset=name, defense=defense,
-                         accuracy=fedavg_accuracy(ctx, fresh, name))]  # fmt: skip
+                         accuracy=fedavg_accuracy(ctx, fresh, name),
+                         pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(name, defense) for name in present for defense in ("none", "cvb")]
     return with_victims(ctx, ctx.units(cells, unit, "Table VI"), present, **skipped)

@@ -57,6 +57,7 @@ from ..defenses import (
     epsilon_spent,
 )
 from ..defenses.bottlenecks import bottlenecks
+from ..records import image_lists
 from .case import Case, build_case
 from .config import ScaleConfig, Settings
 from .cvb_data import Victims, fedavg_accuracy, load_victims, to_rgb32, with_victims
@@ -70,6 +71,7 @@ __all__ = [
     "CVB_LOOP",
     "CVB_DEFAULT",
     "CVB_NET",
+    "FIGURE_IMAGES",
     "IG_TV",
     "PRECODE_TABLE2",
     "SHAPE",
@@ -92,6 +94,10 @@ __all__ = [
     "training_loads",
     "with_victims",
 ]
+
+#: Victims whose reconstructions a Table V or VI row keeps (the CVB paper's Figs. 10 and 12 show
+#: a few examples per model; ours).
+FIGURE_IMAGES = 4
 
 #: The authors' input shape for every dataset (``configs/data/*.yaml``: [3, 32, 32]).
 SHAPE = (3, 32, 32)
@@ -316,11 +322,22 @@ def run_attack(
     return case, case.attack(attack, generator=generator, callback=callback)
 
 
-def ssim_row(case: Case, result: AttackResult, **fields: Any) -> dict[str, Any]:
-    """``fields`` with the attack's mean SSIM, its standard deviation and its ASR (min–max)."""
+def ssim_row(
+    case: Case, result: AttackResult, *, pictures: int = 0, **fields: Any
+) -> dict[str, Any]:
+    """``fields`` with the attack's mean SSIM, its standard deviation and its ASR (min–max).
+
+    ``pictures`` > 0 adds the first that many victims and their reconstructions
+    (``{"original": ..., "reconstruction": ...}``, :func:`leakagelib.records.image_lists`):
+    the example reconstructions of the CVB paper's Figs. 10 and 12 (Tables V and VI).
+    """
     ssim = case.score(result, "ssim_minmax")
     std = float(ssim.std()) if ssim.numel() > 1 else 0.0
-    return {**fields, "ssim": float(ssim.mean()), "ssim_std": std, "asr": metrics.asr(ssim)}
+    row = {**fields, "ssim": float(ssim.mean()), "ssim_std": std, "asr": metrics.asr(ssim)}
+    if pictures > 0:
+        shown = {"original": case.images, "reconstruction": case.reconstructions(result)}
+        row["pictures"] = {k: image_lists(v[:pictures]) for k, v in shown.items()}
+    return row
 
 
 def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:
