@@ -22,7 +22,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import data, models
 from .records import record_filename, run_seconds, write_record
@@ -167,7 +167,29 @@ def _checked_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
-def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str]):
+def _checked_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """``reproduce --set NAME=VALUE`` as ``{NAME: value}``, each checked against the config."""
+    import ast
+
+    from . import experiments
+
+    changes = {}
+    for item in getattr(args, "set", None) or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set {item}: expected NAME=VALUE, e.g. --set victims=16")
+        try:
+            changes[name.strip()] = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            raise UsageError(
+                f"--set {item}: VALUE must be a number, a quoted string, a tuple or None, "
+                "e.g. --set victims=16"
+            ) from None
+    experiments.get(args.id).config.changed(args.scale, changes)  # names and kinds, before work
+    return changes
+
+
+def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], changes: dict):
     """The partial record beside ``out`` (``OUT.partial``); refuses to drop one without --resume."""
     from .experiments.resume import PartialRecord
 
@@ -178,6 +200,8 @@ def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str]):
             "or delete it to start afresh"
         )
     identity = {"experiment": args.id, "scale": args.scale, "seed": args.seed, "data": overrides}
+    if changes:  # an older partial record, made without changes, keeps its identity
+        identity["changes"] = changes
     return PartialRecord(path, identity, resume=args.resume)
 
 
@@ -185,8 +209,8 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path:
     """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign)."""
     from . import experiments
 
-    overrides = _checked_overrides(args)
-    partial = _partial(args, out, overrides)
+    overrides, changes = _checked_overrides(args), _checked_changes(args)
+    partial = _partial(args, out, overrides, changes)
     record = experiments.run(
         args.id,
         args.scale,
@@ -196,6 +220,7 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path:
         progress=not args.quiet,
         download=args.download,
         partial=partial,
+        changes=changes,
     )
     print(format_table(record["rows"]))
     path = _write_safely(record, out)
@@ -325,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("id", help="experiment id, e.g. intro/bias-attack (see `list`)")
     rep.add_argument("--out", help="record path (default: ID with / as -, then .SCALE.json)")
+    rep.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="change a setting of the experiment at this scale, e.g. victims=16 (repeatable; "
+        "the record lists the changes)",
+    )
     rep.add_argument(
         "--resume",
         action="store_true",

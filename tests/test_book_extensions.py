@@ -250,3 +250,15 @@ def test_execution_guard_sums_the_cpu_of_a_kernel_and_its_children(tmp_path: Pat
     assert execution_guard.process_tree_cpu(101, tmp_path) == pytest.approx(3.0)
     assert execution_guard.process_tree_cpu(999, tmp_path) is None
     assert execution_guard.process_tree_cpu(100, tmp_path / "absent") is None
+
+
+def test_a_record_made_with_changed_settings_says_which():
+    record = {
+        "experiment": "intro/bias-attack",
+        "scale": "paper",
+        "rows": [{"image": 0, "psnr": 300.0}],
+        "provenance": {"device": "cpu", "wall_seconds": 3.0, "seed": 0, "commit": "abc"},
+        "settings_changed": {"victims": {"registered": 100, "used": 16}},
+    }
+    lines = reproduction.record_lines(experiments.get("intro/bias-attack"), record)
+    assert "Settings changed from the registered ones: `victims` 16 (registered: 100)." in lines

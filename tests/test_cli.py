@@ -219,3 +219,42 @@ def test_a_campaign_hands_each_experiment_the_data_it_uses(capsys, monkeypatch, 
     monkeypatch.setattr(estimate, "step_seconds", lambda net, kind, images, device: 1e-3)
     assert main([*base, *ids, "--data", f"mnist={mnist}", "--data", f"cifar10={cifar}"]) == 0
     assert seen == [[f"mnist={mnist}"], [f"cifar10={cifar}"]]
+
+
+def test_reproduce_set_changes_a_setting_and_the_record_says_so(tmp_path, capsys):
+    out = tmp_path / "bias.json"
+    args = ["reproduce", "intro/bias-attack", "--out", str(out), "--quiet", "--set", "victims=3"]
+    assert main(args) == 0
+    record = read_record(out)
+    assert len(record["rows"]) == 3, "the run used the changed setting"
+    assert record["settings_changed"] == {"victims": {"registered": 8, "used": 3}}
+    plain = tmp_path / "plain.json"
+    assert main(["reproduce", "intro/bias-attack", "--out", str(plain), "--quiet"]) == 0
+    assert "settings_changed" not in read_record(plain)
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("victim=3", "has no setting 'victim'; it has ['victims']"),
+        ("victims=3.5", "setting 'victims' is 8 (int); 3.5 is not one"),
+        ("victims=many", "VALUE must be a number, a quoted string, a tuple or None"),
+        ("victims", "expected NAME=VALUE"),
+    ],
+)
+def test_reproduce_set_refuses_bad_changes_before_any_work(tmp_path, capsys, item, words):
+    out = tmp_path / "r.json"
+    assert main(["reproduce", "intro/bias-attack", "--out", str(out), "--set", item]) == 2
+    assert words in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "r.json.partial").exists()
+
+
+def test_scale_config_changes_keep_kinds():
+    from leakagelib import experiments
+
+    config = experiments.get("rgap/appG-noise").config
+    changed = config.changed("paper", {"noise_levels": [0.0, 0.1], "victims": 5})
+    assert changed.paper["noise_levels"] == (0.0, 0.1) and changed.paper["victims"] == 5
+    assert changed.ci == config.ci and changed.sources == config.sources
+    with pytest.raises(ValueError, match="'noise_levels' is"):
+        config.changed("ci", {"noise_levels": 0.1})

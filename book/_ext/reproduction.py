@@ -248,6 +248,15 @@ def record_lines(exp: Any, record: dict[str, Any]) -> list[str]:
         + (", ".join(f"commit `{c[:12]}`" for c in records.made_by(prov)) or "commit unknown")
         + ".",
     ]
+    changed = record.get("settings_changed", {})
+    if changed:  # reproduce --set: e.g. fewer victims than the paper's on a CPU
+        lines.append(
+            "Settings changed from the registered ones: "
+            + "; ".join(
+                f"`{k}` {v['used']} (registered: {v['registered']})" for k, v in changed.items()
+            )
+            + "."
+        )
     for caption, table in side_by_side(exp, record):
         shown = table.rows[:MAX_ROWS]
         columns = [c for c in table.columns if not any(_nested(r.get(c)) for r in table.rows)]

@@ -78,6 +78,22 @@ class ScaleConfig:
             raise ValueError(f"unknown scale {scale!r}; use 'ci' or 'paper'")
         return Settings(self.ci if scale == "ci" else self.paper)
 
+    def changed(self, scale: str, changes: Mapping[str, Any]) -> ScaleConfig:
+        """This config with ``changes`` to the values of ``scale`` (``reproduce --set``).
+
+        Every name must be a setting of the config and every new value of the
+        old one's kind (an integer for an integer, a number for a float, a
+        tuple or list for a tuple); a mismatch raises, naming it. The sources
+        stay: a record made with changes lists them (``settings_changed``).
+        """
+        values = dict(self.at(scale))
+        for name, value in changes.items():
+            if name not in values:
+                raise KeyError(f"this experiment has no setting {name!r}; it has {sorted(values)}")
+            values[name] = _same_kind(name, values[name], value)
+        both = {"ci": self.ci, "paper": self.paper, scale: values}
+        return ScaleConfig(ci=both["ci"], paper=both["paper"], sources=self.sources)
+
     def table(self) -> list[dict[str, Any]]:
         """One row per setting: ``setting``, ``ci``, ``paper``, ``source`` (for chapters)."""
         return [
@@ -89,6 +105,18 @@ class ScaleConfig:
             }
             for key in self.ci
         ]
+
+
+def _same_kind(name: str, old: Any, new: Any) -> Any:
+    """``new`` as a value that may replace ``old``: of its type, after turning a list into a
+    tuple and an integer into a float where ``old`` is one (``None`` takes anything)."""
+    if isinstance(old, tuple) and isinstance(new, list):
+        new = tuple(new)
+    if isinstance(old, float) and type(new) is int:
+        new = float(new)
+    if old is not None and type(new) is not type(old):
+        raise ValueError(f"setting {name!r} is {old!r} ({type(old).__name__}); {new!r} is not one")
+    return new
 
 
 #: The config of an experiment that has no scale-dependent settings.

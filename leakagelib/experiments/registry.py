@@ -331,6 +331,7 @@ def run(
     progress: bool = True,
     download: bool | None = None,
     partial: PartialRecord | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run experiment ``id`` and return its record (rows, extras, provenance).
 
@@ -338,23 +339,34 @@ def run(
     ``download`` is :attr:`Context.download` (default: only at paper scale).
     ``partial`` keeps finished units (see :meth:`Context.units`) so that an
     interrupted run can be resumed. ``device`` defaults to ``$LEAKAGELIB_DEVICE`` or ``cpu``.
+    ``changes`` replace settings of the experiment's config at ``scale``
+    (:meth:`ScaleConfig.changed`; ``reproduce --set``, e.g. fewer victims on a
+    CPU); the record lists them as ``settings_changed``, registered value and
+    value used.
     """
     exp, device = get(id), device or os.environ.get(DEVICE_ENV, "").strip() or "cpu"
     overrides = {**env_data_overrides(), **(data or {})}
-    ctx = Context(
-        scale=scale,
-        device=device,
-        seed=seed,
-        data=overrides,
-        progress=progress,
-        download=download,
-        settings=exp.config,
-        partial=partial,
-    )
+    settings = exp.config.changed(scale, changes) if changes else exp.config
+    ctx = Context(scale=scale, device=device, seed=seed, data=overrides, progress=progress,
+                  download=download, settings=settings, partial=partial)  # fmt: skip
     torch.manual_seed(seed)
     start = time.perf_counter()
     out = exp.fn(ctx)
     wall = time.perf_counter() - start
+    record = _record(exp, scale, out)
+    if changes:
+        registered = exp.config.at(scale)
+        record["settings_changed"] = {
+            name: {"registered": registered[name], "used": ctx.config[name]} for name in changes
+        }
+    record["data"] = _described(ctx, overrides, record.pop("data", {}))
+    units = partial.provenance() if partial is not None else {}  # a resumable run's units
+    record["provenance"] = {**provenance(seed=seed, device=device, wall_seconds=wall), **units}
+    return record
+
+
+def _record(exp: Experiment, scale: str, out: Any) -> dict[str, Any]:
+    """The record of ``exp``'s output ``out`` (its rows, or a dict of rows and extras), checked."""
     extras: dict[str, Any] = {}
     if isinstance(out, dict):
         extras = {k: v for k, v in out.items() if k != "rows"}
@@ -362,22 +374,21 @@ def run(
     else:
         rows = out
     if not isinstance(rows, list) or not rows:
-        raise RuntimeError(f"experiment {id!r} returned no rows")
+        raise RuntimeError(f"experiment {exp.id!r} returned no rows")
     for i, row in enumerate(rows):
         missing = [k for k in exp.row_keys if k not in row]
         if missing:
-            raise RuntimeError(f"experiment {id!r}: row {i} lacks the keys {missing}")
-    record: dict[str, Any] = {"experiment": id, "scale": scale, "rows": rows}
-    notes = extras.pop("data", {})  # an experiment may say what it made of a dataset
-    record.update(extras)
+            raise RuntimeError(f"experiment {exp.id!r}: row {i} lacks the keys {missing}")
+    return {"experiment": exp.id, "scale": scale, "rows": rows, **extras}
+
+
+def _described(ctx: Context, overrides: dict[str, str], notes: dict[str, Any]) -> dict[str, Any]:
+    """The record's ``data``: each dataset the run could use, with what it made of an override."""
     described: dict[str, Any] = {
         k: data_entry(ctx.resolve(k), ctx.uses.get(k, {})) if k in overrides else ctx.resolve(k)
         for k in sorted(set(STAND_INS) | set(overrides))
     }
-    for name, note in notes.items():
+    for name, note in notes.items():  # an experiment may say what it made of a dataset
         entry = described.get(name)
         described[name] = {**entry, "note": note} if isinstance(entry, dict) else note
-    record["data"] = described
-    units = partial.provenance() if partial is not None else {}  # a resumable run's units
-    record["provenance"] = {**provenance(seed=seed, device=device, wall_seconds=wall), **units}
-    return record
+    return described
