@@ -213,9 +213,10 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
     with none at all the run fails with those instructions). CVB at position 1
     with the paper's kernel size per dataset; IG with the authors' TV 0.1 for
     the CNN, with and without CVB; victims from client 0's training images
-    (named in the record's ``data``). Rows: ``dataset``, ``defense``, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``, ``pictures`` (as Table V's: Fig. 12). One unit per row: (dataset, defense); the estimate of its
-    work counts all four datasets.
+    (named in the record's ``data``). Rows: ``dataset``, ``defense``, ``ssim``,
+    ``ssim_std``, ``asr``, ``accuracy``, ``pictures`` (as Table V's: Fig. 12).
+    One unit per row: (dataset, defense); the estimate of its work counts all
+    four datasets.
     """
     kernels = ctx.config.kernels
     present, skipped = medmnist_present(ctx, list(kernels))
