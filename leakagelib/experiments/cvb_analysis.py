@@ -4,8 +4,8 @@ Beside the registered experiments (:mod:`.cvb_precode`, :mod:`.cvb_defenses`,
 :mod:`.cvb_architectures`) the chapter attacks models of its own choosing:
 the ignore attack against reading every gradient, CVB against no defense,
 the widgets' PRECODE and CVB variants, the per-layer gradient similarities
-of the CVB paper's Fig. 6 and the gradient entries of its Fig. 5. These functions run the same
-protocol (:mod:`.cvb_common`) at the ``scale`` and ``seed`` they are given.
+of the CVB paper's Fig. 6 and the gradient entries of its Fig. 5. These
+functions run the same protocol (:mod:`.cvb_common`) at the ``scale`` and ``seed`` they are given.
 """
 
 from __future__ import annotations
