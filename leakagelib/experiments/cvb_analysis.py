@@ -5,7 +5,8 @@ Beside the registered experiments (:mod:`.cvb_precode`, :mod:`.cvb_defenses`,
 the ignore attack against reading every gradient, CVB against no defense,
 the widgets' PRECODE and CVB variants, the per-layer gradient similarities
 of the CVB paper's Fig. 6 and the gradient entries of its Fig. 5. These
-functions run the same protocol (:mod:`.cvb_common`) at the ``scale`` and ``seed`` they are given.
+functions run the same protocol (:mod:`.cvb_common`) at the ``scale`` and
+``seed`` they are given.
 """
 
 from __future__ import annotations
