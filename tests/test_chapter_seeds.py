@@ -21,10 +21,11 @@ BOOK = Path(__file__).resolve().parents[1] / "book"
 sys.path.insert(0, str(BOOK / "_ext"))
 from execution_guard import keep_widget_outputs_client_side  # noqa: E402
 
-#: The chapters ``make test`` runs here (about 20 s a seed on one free core); ``make seeds``
-#: names more in ``$SEED_CHAPTERS`` (the CVB chapters' main claims also run on these seeds in
-#: ``tests/test_cvb_claims.py``, at a fraction of a whole chapter's time).
-CHAPTERS = tuple(os.environ.get("SEED_CHAPTERS", "cvb_defenses").split())
+#: The chapters ``make test`` runs here (about 20 s a seed each on one free core); ``make seeds``
+#: names more in ``$SEED_CHAPTERS`` (the main claims of the CVB and Bayes chapters also run on
+#: these seeds in ``tests/test_cvb_claims.py`` and ``tests/test_bayes_claims.py``, at a fraction
+#: of a whole chapter's time).
+CHAPTERS = tuple(os.environ.get("SEED_CHAPTERS", "cvb_defenses rgap_twin_data").split())
 SEEDS = (1, 2)
 
 
