@@ -147,6 +147,8 @@ def test_a_glued_figure_is_shown_where_it_is_drawn_with_its_caption_below():
         "for k in keys:\n    print(k)"
     )
     assert code.show_figures("x = 1  # kept as it is\n", "example") == "x = 1  # kept as it is\n"
+    only_glue = 'note = f()\nfor k, v in note.items():\n    glue(f"n_{k}", v, display=False)\ny = 2'
+    assert code.show_figures(only_glue, "example") == "note = f()\ny = 2", "no empty loop left"
     markdown = (
         "As {numref}`fig-x` shows:\n\n"
         "```{glue:figure} fig-x\n:name: fig-x\n:alt: A line.\n\n"

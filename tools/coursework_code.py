@@ -78,6 +78,7 @@ def show_figures(source: str, where: str) -> str:
     glued = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and is_glue(s)]
     if not glued:
         return source
+    loops = [s for s in ast.walk(tree) if _only_glue(s)]  # e.g. a loop that glues several keys
     lines = source.splitlines()
     if len(_IPYTHON.transform_cell(source).splitlines()) != len(lines):
         raise ValueError(f"{where}: a cell that glues cannot hold a cell magic")
@@ -90,13 +91,20 @@ def show_figures(source: str, where: str) -> str:
         and ast.unparse(s.value.func) == "plt.close"
         and [ast.unparse(a) for a in s.value.args] in ([f] for f in figures)
     ]
-    dropped = {i for s in glued + closes for i in range(s.lineno - 1, s.end_lineno)}
+    dropped = {i for s in glued + loops + closes for i in range(s.lineno - 1, s.end_lineno)}
     show = {s.lineno - 1: " " * s.col_offset + "plt.show()" for s in closes}
     shown = "\n".join(
         show.get(i, line) for i, line in enumerate(lines) if i in show or i not in dropped
     )
     parse(shown, f"{where} (its figures shown)")  # no block left empty, no statement cut
     return shown
+
+
+def _only_glue(stmt: ast.AST) -> bool:
+    """A loop, ``with`` or ``if`` (without ``else``) whose body only glues: nothing is left of it."""
+    if not isinstance(stmt, (ast.For, ast.While, ast.With, ast.If)) or getattr(stmt, "orelse", []):
+        return False
+    return all(is_glue(s) or _only_glue(s) for s in stmt.body)
 
 
 class _Drop(ast.NodeTransformer):
