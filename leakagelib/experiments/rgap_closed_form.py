@@ -101,6 +101,20 @@ def reference_rgap(
     return rgap(model, updates, labels, input_shape=shape, mu_fit="adam")
 
 
+def dlg_and_refine(
+    ctx: Context, on: tuple, shape: tuple[int, int, int], by_rgap: AttackResult
+) -> tuple[tuple[AttackResult, float], tuple[AttackResult, float]]:
+    """DLG (``dlg_steps``) and R-GAP → DLG (``refine_steps``, from ``by_rgap``) on a cell's
+    updates ``on`` (model, updates, labels), every image its own L-BFGS as in DLG's code
+    (``per_attack``), each with its seconds per update. Tables 1 and 2 (:mod:`.rgap_lenet`)."""
+    cfg = ctx.config
+    dlg = _timed(dlg_logistic, *on, input_shape=shape, steps=cfg.dlg_steps,
+                 generator=ctx.generator(1), per_attack=True)  # fmt: skip
+    both = _timed(rgap_then_dlg, *on, input_shape=shape, steps=cfg.refine_steps,
+                  generator=ctx.generator(1), rgap_result=by_rgap, per_attack=True)  # fmt: skip
+    return dlg, both
+
+
 def _mse(case: Case, result: AttackResult) -> dict[str, float]:
     """Mean and standard deviation over the victims of the reconstructions' MSE."""
     err = case.score(result, "mse")
@@ -162,18 +176,8 @@ def table1(ctx: Context) -> list[dict]:
         on = (case.model, case.updates, case.labels)
         by_rgap, t_rgap = _timed(rgap, *on, input_shape=shape)
         by_ref, t_ref = _timed(reference_rgap, ctx, model, x, case.labels, shape)
-        by_dlg, t_dlg = _timed(dlg_logistic, *on, input_shape=shape, steps=cfg.dlg_steps,
-                               generator=ctx.generator(1), per_attack=True)  # fmt: skip
+        (by_dlg, t_dlg), (by_both, t_both) = dlg_and_refine(ctx, on, shape, by_rgap)
         by_hgap = hgap(*on, input_shape=shape, rgap_result=by_rgap, dlg_result=by_dlg)
-        by_both, t_both = _timed(
-            rgap_then_dlg,
-            *on,
-            input_shape=shape,
-            steps=cfg.refine_steps,
-            generator=ctx.generator(1),
-            rgap_result=by_rgap,
-            per_attack=True,
-        )
         rows = []
         for attack, result, seconds in (
             ("rgap", by_rgap, t_rgap),

@@ -76,10 +76,10 @@ from torch import Tensor
 from ..attacks import AttackResult, presets
 from ..data import Normalizer
 from ..models import build
-from ..rgap import dlg_logistic, rgap, rgap_then_dlg
+from ..rgap import rgap
 from .case import Case, build_case
 from .registry import Context, experiment
-from .rgap_closed_form import CONFIG, cell_work, reference_rgap
+from .rgap_closed_form import CONFIG, cell_work, dlg_and_refine, reference_rgap
 from .rgap_common import DATASETS, labels_mu_negative, logistic_case, zoo_model
 from .work import LBFGS_EVALUATIONS, Load, Net
 
@@ -200,21 +200,7 @@ def table2_lenet(ctx: Context) -> list[dict]:
         on = (case.model, case.updates, case.labels)
         by_rgap = rgap(*on, input_shape=shape, diagnostics=True)
         by_ref = reference_rgap(ctx, model, x, case.labels, shape)
-        by_dlg = dlg_logistic(
-            *on,
-            input_shape=shape,
-            steps=cfg.dlg_steps,
-            generator=ctx.generator(1),
-            per_attack=True,
-        )
-        by_both = rgap_then_dlg(
-            *on,
-            input_shape=shape,
-            steps=cfg.refine_steps,
-            generator=ctx.generator(1),
-            rgap_result=by_rgap,
-            per_attack=True,
-        )
+        (by_dlg, _), (by_both, _) = dlg_and_refine(ctx, on, shape, by_rgap)
         own = slice(0, cfg.own_victims)
         own_case, by_own = dlg_own_setting(ctx, name, x[own], data.labels[own], cfg.dlg_steps)
         conds = [[layer.condition for layer in found.layers[:3]] for found in by_rgap.details]
