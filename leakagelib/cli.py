@@ -182,8 +182,8 @@ def _checked_changes(args: argparse.Namespace) -> dict[str, Any]:
             changes[name.strip()] = ast.literal_eval(text.strip())
         except (ValueError, SyntaxError):
             raise UsageError(
-                f"--set {item}: VALUE must be a number, a quoted string, a tuple or None, "
-                "e.g. --set victims=16"
+                f"--set {item}: VALUE must be a Python literal (a number, True or False, a "
+                "quoted string, a tuple or None), e.g. --set victims=16"
             ) from None
     experiments.get(args.id).config.changed(args.scale, changes)  # names and kinds, before work
     return changes

@@ -261,12 +261,15 @@ def test_the_network_is_never_trained_on_its_victims(monkeypatch):
     seen = {}
 
     def fake_train(model, images, labels, **options):
-        seen["images"] = images
+        seen["images"], seen["defense"] = images, options["defense"]
         return type("Trained", (), {"model": model})()
 
     monkeypatch.setattr(bayes_scenario.fl, "train", fake_train)
     ctx = Context(scale="ci", progress=False, settings=experiments.get("bayes/table2").config)
-    _, victims = bayes_scenario.scenario(ctx, "mnist", 500, 6)
+    with pytest.raises(ValueError, match="name the defense"):
+        bayes_scenario.scenario(ctx, "mnist", 500, 6)
+    _, victims = bayes_scenario.scenario(ctx, "mnist", 500, 6, defense="laplacian")
+    assert isinstance(seen["defense"], LaplaceNoise), "trained under the cell's defense"
     trained_on = seen["images"].flatten(1)
     attacked = victims.normalizer.normalize(victims.images).flatten(1)
     assert trained_on.shape[0] > 0

@@ -238,7 +238,7 @@ def test_reproduce_set_changes_a_setting_and_the_record_says_so(tmp_path, capsys
     [
         ("victim=3", "has no setting 'victim'; it has ['victims']"),
         ("victims=3.5", "setting 'victims' is 8 (int); 3.5 is not one"),
-        ("victims=many", "VALUE must be a number, a quoted string, a tuple or None"),
+        ("victims=many", "VALUE must be a Python literal (a number, True or False"),
         ("victims", "expected NAME=VALUE"),
     ],
 )

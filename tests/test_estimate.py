@@ -119,7 +119,9 @@ def _run_units(exp: registry.Experiment, ctx: Context, monkeypatch) -> int:
     module = sys.modules[exp.fn.__module__]
     if hasattr(module, "scenario"):  # the network at step 0: no unit count needs it trained
         scenario = module.scenario
-        monkeypatch.setattr(module, "scenario", lambda c, name, step, n: scenario(c, name, 0, n))
+        monkeypatch.setattr(
+            module, "scenario", lambda c, name, step, n, **kw: scenario(c, name, 0, n)
+        )
     with pytest.raises(_Units) as found:
         exp.fn(ctx)
     return found.value.count
@@ -145,7 +147,8 @@ def test_table2_counts_the_search_the_final_attacks_and_the_training_at_paper_sc
     assert len(units) == 4, "(MNIST, CIFAR-10) × training steps (0, 500)"
     for unit, step in zip(units, (0, 500, 0, 500), strict=True):
         train = [load for load in unit if load.kind == "train"]
-        assert [(t.images, t.steps) for t in train] == ([(32, 500)] if step else [])
+        # a step-500 network per defense, each trained under it with batch 1 (SCENARIO)
+        assert [(t.images, t.steps) for t in train] == ([(1, 500)] * 4 if step else [])
         attacks = [load for load in unit if load.kind == "attack"]
         assert {load.steps for load in attacks} == {200}
         # per defense, on one tuning victim: the heuristic tuner's 41 log values, 20 linear ones

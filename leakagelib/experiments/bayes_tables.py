@@ -33,8 +33,8 @@ neither the linear refinement, the grid nor the annealed prior weight.
 **paper scale.** The authors' tuners (:func:`~.bayes_scenario.tuners`):
 the heuristic one with its 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes
 one with its own 540-setting grid, the prior weight annealed over the first
-100 of 200 steps; the "step 500" network trained as the authors' training
-script does (:data:`~.bayes_scenario.SCENARIO`).
+100 of 200 steps; each "step 500" network trained under its cell's
+defense as the authors' scripts indicate (:data:`~.bayes_scenario.SCENARIO`).
 """
 
 from __future__ import annotations
@@ -183,9 +183,11 @@ def table2(ctx: Context) -> list[dict]:
 
     def unit(block: tuple[str, int]) -> list[dict]:
         i, (dataset, step) = blocks.index(block), block
-        model, victims = scenario(ctx, dataset, step, cfg.victims)
+        per_defense = step > 0 and cfg.train_defended  # each cell's network trains under it
+        shared = None if per_defense else scenario(ctx, dataset, step, cfg.victims)
         rows = []
         for j, name in enumerate(cfg.defenses):
+            model, victims = shared or scenario(ctx, dataset, step, cfg.victims, defense=name)
             defense = make_defense(name, seed=ctx.seed)
             case = build_case(model, *victims, defense=defense, generator=ctx.generator(100 * i + j),
                               device=ctx.device)  # fmt: skip
@@ -267,10 +269,10 @@ def table5_priors(ctx: Context) -> list[dict]:
     with its 480-setting grid, A.4).
     """
     cfg = ctx.config
-    model, victims = scenario(ctx, "mnist", cfg.train_step, cfg.victims)
 
     def unit(name: str) -> list[dict]:
         j = cfg.defenses.index(name)
+        model, victims = scenario(ctx, "mnist", cfg.train_step, cfg.victims, defense=name)
         case = build_case(model, *victims, defense=make_defense(name, seed=ctx.seed),
                           generator=ctx.generator(500 + j), device=ctx.device)  # fmt: skip
         head = {"dataset": "mnist", "defense": name, "step": cfg.train_step}

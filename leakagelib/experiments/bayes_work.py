@@ -123,21 +123,25 @@ def _tuned(
 
 
 def table2_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/table2``: per (dataset, training step), the training, then per defense the search
+    """``bayes/table2``: per (dataset, training step), the training (per defense where it trains
+    under the defense), then per defense the search
     for the four attacks and their final attacks."""
     cfg, units = ctx.config, []
     for dataset in cfg.datasets:
         net = bayes_cnn_net(image_shape(ctx, dataset))
         for step in cfg.train_steps:
-            loads = _training(net, cfg.train_batch, step)
+            per_defense = cfg.train_defended  # a network trained under each defense
+            loads = [] if per_defense else _training(net, cfg.train_batch, step)
             for _ in cfg.defenses:
+                loads += _training(net, cfg.train_batch, step) if per_defense else []
                 loads += _tuned(ctx, net, [[a] for a in cfg.attacks], [1] * len(cfg.attacks))
             units.append(loads)
     return units
 
 
 def table5_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/table5-priors``: the network's training (before the first unit), then per defense
+    """``bayes/table5-priors``: the network's training (in every unit where it trains under the
+    unit's defense, else before the first), then per defense
     the search for the TV prior and every φ, and the final attacks of TV and the chosen φ (all
     with one ℓ2 likelihood object)."""
     cfg = ctx.config
@@ -145,7 +149,10 @@ def table5_work(ctx: Context) -> list[list[Load]]:
     priors = ["tv", *(f"tv+range:{phi:g}" for phi in cfg.phis)]
     distance = dict.fromkeys(priors, "l2")
     units = [_tuned(ctx, net, [priors], [2], distance) for _ in cfg.defenses]  # one likelihood
-    units[0] = _training(net, cfg.train_batch, cfg.train_step) + units[0]
+    training = _training(net, cfg.train_batch, cfg.train_step)
+    if cfg.train_defended:  # a network trained under each defense, in its unit
+        return [training + loads for loads in units]
+    units[0] = training + units[0]
     return units
 
 
