@@ -60,7 +60,8 @@ def test_the_index_reads_each_status_from_the_records():
         record = records.paper_record(exp_id)
         _, _, _, _, status, time, device = _row_of(lines, exp_id)
         if record is None:
-            assert (status, time, device) == ("record pending", "—", "—")
+            assert status.startswith("record pending")
+            assert (status == "record pending") == (time == "—") == (device == "—")
         else:
             assert status == f"{record['scale']}-scale record (below)"
             assert record["provenance"]["device"] in device
@@ -262,3 +263,14 @@ def test_a_record_made_with_changed_settings_says_which():
     }
     lines = reproduction.record_lines(experiments.get("intro/bias-attack"), record)
     assert "Settings changed from the registered ones: `victims` 16 (registered: 100)." in lines
+
+
+def test_a_pending_record_shows_how_far_its_interrupted_run_got(tmp_path, monkeypatch):
+    from leakagelib.experiments.resume import PartialRecord
+
+    monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
+    assert reproduction.pending("bayes/table2") == ("record pending", "—", "—")
+    partial = PartialRecord(tmp_path / "bayes-table2.json.partial", {"seed": 0}, resume=False)
+    partial.add(["mnist", 0], [{"psnr": 20.0}], 3720.0, 4, made={"commit": "abc", "device": "cpu"})
+    status, time, device = reproduction.pending("bayes/table2")
+    assert (status, time, device) == ("record pending: 1 of 4 units run", "1 h 02 min", "cpu")

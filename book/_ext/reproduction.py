@@ -142,6 +142,22 @@ class _Generated(SphinxDirective):
         return [container]
 
 
+def pending(exp_id: str) -> tuple[str, str, str]:
+    """(status, run time, device) of an experiment without a record: "record pending", and how
+    far a paper-scale run has got where its partial record (``results/ID.json.partial``, which
+    a campaign interrupted at the end of a session leaves, and the next resumes) is there."""
+    from leakagelib import records
+    from leakagelib.experiments.resume import PartialRecord
+
+    path = records.default_results_dir() / (records.record_filename(exp_id) + ".partial")
+    if not path.is_file():
+        return "record pending", "—", "—"
+    partial = PartialRecord.read(path)
+    made = sorted({m.get("device") or "?" for m in partial.made.values()}) or ["?"]
+    status = f"record pending: {len(partial.units)} of {partial.total} units run"
+    return status, duration(sum(partial.seconds.values())), ", ".join(made)
+
+
 def index_lines(chapters: dict[str, Path]) -> list[str]:
     """The index table: paper → table/figure → chapter → record (run time, device), per experiment."""
     from leakagelib import experiments, records
@@ -153,7 +169,7 @@ def index_lines(chapters: dict[str, Path]) -> list[str]:
         record = records.paper_record(exp_id)
         ran_in = ", ".join(f"{{doc}}`/{d}`" for d in running[exp_id]) or "—"
         if record is None:
-            status, time, dev = "record pending", "—", "—"
+            status, time, dev = pending(exp_id)
         else:
             status = f"{record['scale']}-scale record (below)"
             time = duration(records.run_seconds(record["provenance"]))
