@@ -99,7 +99,8 @@ NUM_CLASSES = 10
 #: * ``train_defended`` — the README (lines 42–44) says the tune scripts' defense argument
 #:   "denotes defense used to train the model": each Table 2 cell attacks a network trained
 #:   under its own defense (the noise added to every training gradient), so a step-500 network
-#:   is trained per defense;
+#:   is trained per defense. The paper's A.1 says of Soteria's network only that it was "trained
+#:   without defense ... to speed up the training", which the noise defenses do not need;
 #: * ``train_lr`` and ``train_batch`` — scripts/run_mnist_tune.sh and run_cifar_tune.sh pass
 #:   ``-lr 0.001 --batch_size 1`` with that checkpoint. The attack does not read ``-lr`` (it
 #:   sets the learning rate of a train state whose weights the checkpoint replaces; the attack's
