@@ -63,12 +63,13 @@ chapters: $(STAMP)
 # every chapter once), then the chapter tests on those executed notebooks.
 test: lint unit book chapters
 
-# The chapters executed with seeds 1 and 2 (make test runs the two cheapest; this target ten of
-# the twelve, about 20 minutes on two cores; R-GAP's closed form and practice chapters not yet).
+# The chapters executed with seeds 1 and 2 (make test runs the two cheapest; this target all
+# twelve, about 25 minutes on two cores).
 seeds: $(STAMP)
 	SEED_CHAPTERS="client_updates bayes_optimal_adversary attacks_as_approximations \
 	    bayes_vs_heuristics breaking_defenses variational_bottlenecks cvb_attacks cvb_defenses \
-	    rgap_rank rgap_twin_data" $(BIN)/pytest tests/test_chapter_seeds.py
+	    rgap_closed_form rgap_in_practice rgap_rank rgap_twin_data" \
+	    $(BIN)/pytest tests/test_chapter_seeds.py
 
 # Opens every page of the built site in headless Chromium with every host but this machine
 # unreachable, and fails on raw TeX or a widget cell that did not render (tools/check_offline.py;

@@ -21,7 +21,7 @@ loss has one, μ = −c ∈ (0, 1): beyond the margin (μ ≥ 1) its gradient is
 and the update carries nothing. Once μ is known, the recursion needs only
 k_d = y·ℓ'(μ) and z_d = μ/y (:func:`margin_starts`), so it applies unchanged
 to all three. Used by :func:`leakagelib.rgap.recursive.rgap` (``loss=``),
-experiment ``rgap/fig1-losses`` and the chapter "Closed-form attacks".
+experiment ``rgap/fig1-losses`` and the chapter "R-GAP in practice".
 """
 
 from __future__ import annotations
