@@ -144,18 +144,18 @@ def test_a_bayes_experiment_declares_one_entry_per_unit_of_its_run(exp_id, scale
 def test_table2_counts_the_search_the_final_attacks_and_the_training_at_paper_scale():
     exp = experiments.get("bayes/table2")
     units = exp.work(Context(scale="paper", progress=False, settings=exp.config))
-    assert len(units) == 4, "(MNIST, CIFAR-10) × training steps (0, 500)"
-    for unit, step in zip(units, (0, 500, 0, 500), strict=True):
+    assert len(units) == 16, "(MNIST, CIFAR-10) × training steps (0, 500) × four defenses"
+    for unit, step in zip(units, [0] * 4 + [500] * 4 + [0] * 4 + [500] * 4, strict=True):
         train = [load for load in unit if load.kind == "train"]
-        # a step-500 network per defense, each trained under it with batch 1 (SCENARIO)
-        assert [(t.images, t.steps) for t in train] == ([(1, 500)] * 4 if step else [])
+        # at step 500 a network per defense, trained under it with batch 1 (SCENARIO)
+        assert [(t.images, t.steps) for t in train] == ([(1, 500)] if step else [])
         attacks = [load for load in unit if load.kind == "attack"]
         assert {load.steps for load in attacks} == {200}
-        # per defense, on one tuning victim: the heuristic tuner's 41 log values, 20 linear ones
-        # and 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes tuner's 24, 20 and 540 (§6's
+        # on one tuning victim: the heuristic tuner's 41 log values, 20 linear ones and
+        # 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes tuner's 24, 20 and 540 (§6's
         # counts); then every attack on the 100 victims
         per_defense = 3 * (41 + 20 + 480) + (24 + 20 + 540) + 4 * 100
-        assert sum(load.images for load in attacks) == 4 * per_defense
+        assert sum(load.images for load in attacks) == per_defense
 
 
 def test_search_runs_as_many_candidates_per_stage_as_counted():

@@ -123,19 +123,16 @@ def _tuned(
 
 
 def table2_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/table2``: per (dataset, training step), the training (per defense where it trains
-    under the defense), then per defense the search
-    for the four attacks and their final attacks."""
+    """``bayes/table2``: per (dataset, training step, defense), the network's training (at step
+    500, under the defense), the search for the four attacks and their final attacks."""
     cfg, units = ctx.config, []
     for dataset in cfg.datasets:
         net = bayes_cnn_net(image_shape(ctx, dataset))
         for step in cfg.train_steps:
-            per_defense = cfg.train_defended  # a network trained under each defense
-            loads = [] if per_defense else _training(net, cfg.train_batch, step)
             for _ in cfg.defenses:
-                loads += _training(net, cfg.train_batch, step) if per_defense else []
+                loads = _training(net, cfg.train_batch, step)
                 loads += _tuned(ctx, net, [[a] for a in cfg.attacks], [1] * len(cfg.attacks))
-            units.append(loads)
+                units.append(loads)
     return units
 
 
