@@ -137,20 +137,15 @@ def table2_work(ctx: Context) -> list[list[Load]]:
 
 
 def table5_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/table5-priors``: the network's training (in every unit where it trains under the
-    unit's defense, else before the first), then per defense
-    the search for the TV prior and every φ, and the final attacks of TV and the chosen φ (all
-    with one ℓ2 likelihood object)."""
+    """``bayes/table5-priors``: per defense, the network's training (each unit trains its own,
+    under its defense), the search for the TV prior and every φ, and the final attacks of TV and
+    the chosen φ (all with one ℓ2 likelihood object)."""
     cfg = ctx.config
     net = bayes_cnn_net(image_shape(ctx, "mnist"))
     priors = ["tv", *(f"tv+range:{phi:g}" for phi in cfg.phis)]
     distance = dict.fromkeys(priors, "l2")
-    units = [_tuned(ctx, net, [priors], [2], distance) for _ in cfg.defenses]  # one likelihood
     training = _training(net, cfg.train_batch, cfg.train_step)
-    if cfg.train_defended:  # a network trained under each defense, in its unit
-        return [training + loads for loads in units]
-    units[0] = training + units[0]
-    return units
+    return [training + _tuned(ctx, net, [priors], [2], distance) for _ in cfg.defenses]
 
 
 def fig7_work(ctx: Context) -> list[list[Load]]:
