@@ -289,12 +289,14 @@ def summarise_table2(rows: Sequence[dict]) -> dict:
 
 @dataclass(frozen=True)
 class PairedGap:
-    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval."""
+    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval at
+    ``confidence`` (a fraction: chapters glue it rather than type the level)."""
 
     mean: float
     low: float
     high: float
     n: int
+    confidence: float
 
 
 def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedGap:
@@ -315,7 +317,7 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 
         raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
     n, mean = len(diff), float(diff.mean())
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diff.std(ddof=1) / math.sqrt(n))
-    return PairedGap(mean, mean - half, mean + half, n)
+    return PairedGap(mean, mean - half, mean + half, n, confidence)
 
 
 def paired_gap(rows: Sequence[dict], key: tuple, a: str, b: str) -> PairedGap:
