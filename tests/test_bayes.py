@@ -14,7 +14,7 @@ from leakagelib import data, experiments, models
 from leakagelib.attacks import Gaussian, Pruned
 from leakagelib.bayes_risk import SyntheticGaussian, adversarial_risk, defended
 from leakagelib.defenses import GaussianNoise, LaplaceNoise, PruneNoise
-from leakagelib.experiments import Context, ScaleConfig, bayes_scenario, build_case
+from leakagelib.experiments import Context, ScaleConfig, bayes_scenario, build_case, paired
 from leakagelib.experiments.resume import PartialRecord
 from leakagelib.records import jsonable
 
@@ -186,7 +186,7 @@ def test_bayes_is_the_matching_heuristic_up_to_a_constant_under_plain_noise(
 
 
 def test_paired_interval_is_students_t_and_refuses_unpaired_input():
-    gap = bayes_scenario.paired_interval([3.0, 5.0, 7.0], [1.0, 2.0, 3.0])
+    gap = paired.paired_interval([3.0, 5.0, 7.0], [1.0, 2.0, 3.0])
     assert (gap.mean, gap.n) == (3.0, 3)  # differences 2, 3, 4: sd 1, t(0.975, 2) = 4.303
     assert math.isclose(gap.high - gap.mean, 4.302653 / math.sqrt(3), rel_tol=1e-5)
     assert math.isclose(gap.mean - gap.low, gap.high - gap.mean)
@@ -196,9 +196,9 @@ def test_paired_interval_is_students_t_and_refuses_unpaired_input():
     ]
     assert bayes_scenario.paired_gap(rows, ("mnist", "prune+lap", 0), "bayes", "l2") == gap
     with pytest.raises(ValueError, match="one per image"):
-        bayes_scenario.paired_interval([1.0, 2.0], [1.0])
+        paired.paired_interval([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="confidence"):
-        bayes_scenario.paired_interval([1.0, 2.0], [0.0, 0.0], confidence=95)
+        paired.paired_interval([1.0, 2.0], [0.0, 0.0], confidence=95)
 
 
 def test_tuned_attacks_run_as_one_program_on_a_case():

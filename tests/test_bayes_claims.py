@@ -11,7 +11,8 @@ import torch
 
 from leakagelib import experiments
 from leakagelib.experiments import Context, bayes_claims
-from leakagelib.experiments.bayes_scenario import paired_gap, paired_interval
+from leakagelib.experiments.bayes_scenario import paired_gap
+from leakagelib.experiments.paired import paired_interval
 
 torch.set_num_threads(1)
 

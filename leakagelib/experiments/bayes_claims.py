@@ -1,6 +1,6 @@
 """The Bayes paper's figure claims as paired comparisons over images, read off a run's rows.
 
-Each function returns the :class:`~leakagelib.experiments.bayes_scenario.PairedGap`
+Each function returns the :class:`~leakagelib.experiments.paired.PairedGap`
 intervals a claim rests on; the claim holds when every interval's ``low`` is
 above 0. The chapters "Bayes versus heuristics under defenses" (Figure 7) and
 "Breaking heuristic defenses" (Figures 2 and 5) assert them in hidden cells for
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .bayes_scenario import PairedGap, paired_interval
+from .paired import PairedGap, paired_interval
 
 
 def fig7_gains(rows: Sequence[dict]) -> dict[str, PairedGap]:

@@ -8,8 +8,9 @@
 * :func:`scenario` — the network at a training step and the victims;
 * :func:`tune` and :func:`attack_tuned` — A.3's search on the first victims,
   then every victim attacked with the tuned settings in one batched program;
-* :func:`paired_interval` — the paired comparison over images with which the
-  chapters assert the paper's claims.
+* :func:`paired_gap` — a Table 2 cell's paired comparison of two attacks
+  (:func:`.paired.paired_interval`), with which the chapters assert the
+  paper's claims.
 
 Used by Tables 2 and 5 and Fig. 7 of the Bayes paper (Balunović et al., ICLR
 2022) and the chapters "Bayes versus heuristics under defenses" and
@@ -18,13 +19,9 @@ Used by Tables 2 and 5 and Fig. 7 of the Bayes paper (Balunović et al., ICLR
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from scipy import stats
 from torch import Tensor, nn
 
 from .. import fl, metrics
@@ -35,6 +32,7 @@ from ..defenses import GaussianNoise, GradientDefense, LaplaceNoise, PruneNoise
 from ..models import build
 from .case import Case
 from .config import ScaleConfig, Settings
+from .paired import PairedGap, paired_interval
 from .registry import Context
 
 __all__ = [
@@ -43,12 +41,10 @@ __all__ = [
     "SCENARIO",
     "DISTANCE_SCALE",
     "TUNER_NOISE",
-    "PairedGap",
     "attack_tuned",
     "gray_baseline",
     "make_defense",
     "paired_gap",
-    "paired_interval",
     "scenario",
     "summarise_table2",
     "table2_attacks",
@@ -285,39 +281,6 @@ def summarise_table2(rows: Sequence[dict]) -> dict:
     for r in rows:
         out.setdefault((r["dataset"], r["defense"], r["step"]), {})[r["attack"]] = r["psnr"]
     return out
-
-
-@dataclass(frozen=True)
-class PairedGap:
-    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval at
-    ``confidence`` (a fraction: chapters glue it rather than type the level)."""
-
-    mean: float
-    low: float
-    high: float
-    n: int
-    confidence: float
-
-
-def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedGap:
-    """The mean per-image difference ``a − b`` with its ``confidence`` interval (Student's t).
-
-    ``a`` and ``b`` are one value per image (PSNRs of two attacks, or of one
-    attack in two settings, on the same images), so the interval is that of
-    a paired comparison. The chapters on the Bayes paper assert their claims
-    as ``paired_interval(...).low > 0``.
-    """
-    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    if diff.ndim != 1 or len(a) != len(b) or len(diff) < 2:
-        raise ValueError(
-            "a and b must be equally long lists of at least two values (one per image), "
-            f"got lengths {len(a)} and {len(b)}"
-        )
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
-    n, mean = len(diff), float(diff.mean())
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diff.std(ddof=1) / math.sqrt(n))
-    return PairedGap(mean, mean - half, mean + half, n, confidence)
 
 
 def paired_gap(rows: Sequence[dict], key: tuple, a: str, b: str) -> PairedGap:

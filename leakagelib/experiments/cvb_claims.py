@@ -5,7 +5,7 @@ architectures" attack the same MNIST-sized victims with Inverting Gradients
 under several models and likelihoods and keep one SSIM per image for each
 (:func:`~leakagelib.experiments.cvb_analysis.attack_ssim`). :data:`CLAIMS`
 names the comparisons they draw; :func:`ssim_gains` turns the SSIMs they have
-into :class:`~leakagelib.experiments.bayes_scenario.PairedGap` intervals, and a
+into :class:`~leakagelib.experiments.paired.PairedGap` intervals, and a
 claim holds when its interval's ``low`` is above 0. The chapters assert them
 in hidden cells for their seed, ``tests/test_cvb_claims.py`` for two more, so
 that one definition of each claim serves both.
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from .bayes_scenario import PairedGap, paired_interval
+from .paired import PairedGap, paired_interval
 
 __all__ = ["CLAIMS", "CONFIDENCE", "MIN_DROP", "entry_motion", "ssim_gains"]
 

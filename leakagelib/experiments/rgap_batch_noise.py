@@ -18,9 +18,9 @@ from torch import Tensor
 
 from ..gradients import Update, client_update, stack_updates
 from ..rgap import dlg_logistic, rgap
-from .bayes_scenario import PairedGap, paired_interval
 from .case import Case
 from .config import ScaleConfig
+from .paired import PairedGap, paired_interval
 from .registry import Context, experiment
 from .rgap_common import (
     ARCHITECTURES,

@@ -1,0 +1,54 @@
+"""Paired comparisons over images: the statistic every chapter's claim is asserted with.
+
+A chapter's claim compares two attacks (or one attack in two settings) on the
+same images, so its evidence is the mean per-image difference with a Student-t
+interval over the images (:func:`paired_interval`), and the claim holds when
+the interval's ``low`` is above 0. The Bayes paper's claims
+(:mod:`.bayes_claims`, :func:`.bayes_scenario.paired_gap`), the CVB paper's
+(:mod:`.cvb_claims`) and R-GAP's Appendix G (:func:`.rgap_batch_noise.wider_gap`)
+all use it, as do the chapters that glue the intervals they state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["PairedGap", "paired_interval"]
+
+
+@dataclass(frozen=True)
+class PairedGap:
+    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval at
+    ``confidence`` (a fraction: chapters glue it rather than type the level)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedGap:
+    """The mean per-image difference ``a − b`` with its ``confidence`` interval (Student's t).
+
+    ``a`` and ``b`` are one value per image (PSNRs of two attacks, or of one
+    attack in two settings, on the same images), so the interval is that of
+    a paired comparison. The chapters assert their claims as
+    ``paired_interval(...).low > 0``.
+    """
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if diff.ndim != 1 or len(a) != len(b) or len(diff) < 2:
+        raise ValueError(
+            "a and b must be equally long lists of at least two values (one per image), "
+            f"got lengths {len(a)} and {len(b)}"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
+    n, mean = len(diff), float(diff.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diff.std(ddof=1) / math.sqrt(n))
+    return PairedGap(mean, mean - half, mean + half, n, confidence)
