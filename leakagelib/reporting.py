@@ -104,18 +104,26 @@ def compare(
     ``results/`` (none: an empty column). Rows are matched on the ``on``
     columns; for every name in ``values`` the table has the columns
     ``NAME (paper)``, ``NAME (record)`` and ``NAME (this run)``, with :data:`MISSING`
-    where a source has no such row. Row order: the paper's, then rows only
-    the record or the run has. ``long=True`` gives one row per key and value
+    where a source has no such row. Where a paper-scale campaign has finished
+    only some units (:func:`~leakagelib.experiments.resume.pending_record`),
+    the record column holds theirs and the caption says how many. Row order:
+    the paper's, then rows only the record or the run has. ``long=True`` gives one row per key and value
     instead, with the columns ``on``, ``value``, ``paper``, ``record`` and
     ``this run``: a narrow table where many values are compared (chapter
     "R-GAP in practice", Table 2's five errors).
     """
     from . import experiments
+    from .experiments.resume import pending_record
     from .records import paper_record
 
     exp = experiments.get(experiment_id)
+    pending = ""
     if record == "results":
         record = paper_record(experiment_id)
+        partial = pending_record(experiment_id) if record is None else None
+        if partial is not None:
+            record = {"rows": [row for rows in partial.units.values() for row in rows]}
+            pending = f" (record pending: {len(partial.units)} of {partial.total} units run)"
     sources = {
         "paper": list(exp.reference),
         "record": list(record["rows"]) if record else [],
@@ -142,4 +150,5 @@ def compare(
                 row.update({f"{value} ({name})": v for name, v in found.items()})
         if not long:
             out.append(row)
-    return Table(out, caption=caption or f"{experiment_id}: paper | results/ record | this run")
+    caption = caption or f"{experiment_id}: paper | results/ record | this run"
+    return Table(out, caption=caption + pending)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from leakagelib import experiments, records
+from leakagelib import experiments, records, reporting
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -270,7 +270,27 @@ def test_a_pending_record_shows_how_far_its_interrupted_run_got(tmp_path, monkey
 
     monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
     assert reproduction.pending("bayes/table2") == ("record pending", "—", "—")
-    partial = PartialRecord(tmp_path / "bayes-table2.json.partial", {"seed": 0}, resume=False)
+    path = tmp_path / "bayes-table2.json.partial"
+    PartialRecord(path, {"scale": "ci"}, resume=False).add(["mnist", 0], [{"psnr": 1.0}], 1.0, 4)
+    assert reproduction.pending("bayes/table2") == ("record pending", "—", "—"), "not paper scale"
+    partial = PartialRecord(path, {"scale": "paper", "seed": 0}, resume=False)
     partial.add(["mnist", 0], [{"psnr": 20.0}], 3720.0, 4, made={"commit": "abc", "device": "cpu"})
     status, time, device = reproduction.pending("bayes/table2")
     assert (status, time, device) == ("record pending: 1 of 4 units run", "1 h 02 min", "cpu")
+
+
+def test_a_chapters_comparison_shows_the_finished_units_of_a_pending_record(tmp_path, monkeypatch):
+    from leakagelib.experiments.resume import PartialRecord
+
+    monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
+    path = tmp_path / "bayes-table5-priors.json.partial"
+    partial = PartialRecord(path, {"scale": "paper", "seed": 0}, resume=False)
+    partial.add("gaussian", [{"defense": "gaussian", "psnr_tv": 15.8}], 60.0, 4)
+    run = {"rows": [{"defense": "gaussian", "psnr_tv": 12.0}]}
+    table = reporting.compare("bayes/table5-priors", run, on=["defense"], values=["psnr_tv"])
+    [gaussian] = [r for r in table.rows if r["defense"] == "gaussian"]
+    assert (gaussian["psnr_tv (record)"], gaussian["psnr_tv (this run)"]) == (15.8, 12.0)
+    assert gaussian["psnr_tv (paper)"] != reporting.MISSING
+    laplacian = next(r for r in table.rows if r["defense"] != "gaussian")
+    assert laplacian["psnr_tv (record)"] == reporting.MISSING, "an unfinished unit has no row"
+    assert table.caption.endswith("(record pending: 1 of 4 units run)")

@@ -146,13 +146,11 @@ def pending(exp_id: str) -> tuple[str, str, str]:
     """(status, run time, device) of an experiment without a record: "record pending", and how
     far a paper-scale run has got where its partial record (``results/ID.json.partial``, which
     a campaign interrupted at the end of a session leaves, and the next resumes) is there."""
-    from leakagelib import records
-    from leakagelib.experiments.resume import PartialRecord
+    from leakagelib.experiments.resume import pending_record
 
-    path = records.default_results_dir() / (records.record_filename(exp_id) + ".partial")
-    if not path.is_file():
+    partial = pending_record(exp_id)
+    if partial is None:
         return "record pending", "—", "—"
-    partial = PartialRecord.read(path)
     made = sorted({m.get("device") or "?" for m in partial.made.values()}) or ["?"]
     status = f"record pending: {len(partial.units)} of {partial.total} units run"
     return status, duration(sum(partial.seconds.values())), ", ".join(made)

@@ -23,9 +23,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import records
 from ..records import write_json_atomically
 
-__all__ = ["PartialRecord", "unit_key", "unit_seed"]
+__all__ = ["PartialRecord", "pending_record", "unit_key", "unit_seed"]
 
 
 def unit_key(key: Any) -> str:
@@ -157,3 +158,23 @@ class PartialRecord:
     def discard(self) -> None:
         """Remove the partial file (the final record has been written)."""
         self.path.unlink(missing_ok=True)
+
+
+def pending_record(
+    experiment_id: str, results_dir: str | os.PathLike | None = None
+) -> PartialRecord | None:
+    """The units a paper-scale campaign has finished for ``experiment_id`` so far, or ``None``.
+
+    A campaign run with ``--results results`` keeps its partial record in
+    ``results/ID.json.partial`` until the last unit is done; a session that ends
+    first commits it and the next resumes it. The reproduction index reports
+    how far it has got, and :func:`leakagelib.reporting.compare` shows its
+    finished rows where no final record exists yet. A partial record of
+    another scale is not a paper-scale record: ``None``.
+    """
+    results = Path(results_dir or records.default_results_dir())
+    path = results / (records.record_filename(experiment_id) + ".partial")
+    if not path.is_file():
+        return None
+    partial = PartialRecord.read(path)
+    return partial if partial.identity.get("scale") == "paper" else None
