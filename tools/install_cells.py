@@ -170,8 +170,10 @@ def rewrite(path: Path, source: str, *, check: bool = False) -> bool:
     new = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if new == text:
         return False
-    if not check:
-        path.write_text(new, encoding="utf-8")
+    if not check:  # atomically: `make test` runs the unit tests, which read chapters, beside it
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(path)
     return True
 
 
