@@ -87,6 +87,20 @@ def _index(rows: Iterable[Mapping[str, Any]], on: Sequence[str]) -> dict[tuple, 
     return {tuple(r.get(k) for k in on): r for r in rows}
 
 
+def _results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
+    """The paper-scale record in ``results/``, or the finished units of a pending one, and a
+    note for the caption saying how many units a pending record has (else ``""``)."""
+    from .experiments.resume import pending_record
+    from .records import paper_record
+
+    record = paper_record(experiment_id)
+    partial = pending_record(experiment_id) if record is None else None
+    if partial is None:
+        return record, ""
+    rows = [row for rows in partial.units.values() for row in rows]
+    return {"rows": rows}, f" (record pending: {len(partial.units)} of {partial.total} units run)"
+
+
 def compare(
     experiment_id: str,
     run: Mapping[str, Any] | None,
@@ -107,23 +121,17 @@ def compare(
     where a source has no such row. Where a paper-scale campaign has finished
     only some units (:func:`~leakagelib.experiments.resume.pending_record`),
     the record column holds theirs and the caption says how many. Row order:
-    the paper's, then rows only the record or the run has. ``long=True`` gives one row per key and value
-    instead, with the columns ``on``, ``value``, ``paper``, ``record`` and
-    ``this run``: a narrow table where many values are compared (chapter
-    "R-GAP in practice", Table 2's five errors).
+    the paper's, then rows only the record or the run has. ``long=True`` gives
+    one row per key and value instead, with the columns ``on``, ``value``,
+    ``paper``, ``record`` and ``this run``: a narrow table where many values are
+    compared (chapter "R-GAP in practice", Table 2's five errors).
     """
     from . import experiments
-    from .experiments.resume import pending_record
-    from .records import paper_record
 
     exp = experiments.get(experiment_id)
     pending = ""
     if record == "results":
-        record = paper_record(experiment_id)
-        partial = pending_record(experiment_id) if record is None else None
-        if partial is not None:
-            record = {"rows": [row for rows in partial.units.values() for row in rows]}
-            pending = f" (record pending: {len(partial.units)} of {partial.total} units run)"
+        record, pending = _results_record(experiment_id)
     sources = {
         "paper": list(exp.reference),
         "record": list(record["rows"]) if record else [],
