@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MISSING", "Table", "compare", "format_table"]
+__all__ = ["MISSING", "Table", "compare", "format_table", "results_record"]
 
 #: What :func:`compare` shows where a source has no value.
 MISSING = "–"
@@ -87,9 +87,10 @@ def _index(rows: Iterable[Mapping[str, Any]], on: Sequence[str]) -> dict[tuple, 
     return {tuple(r.get(k) for k in on): r for r in rows}
 
 
-def _results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
+def results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
     """The paper-scale record in ``results/``, or the finished units of a pending one, and a
-    note for the caption saying how many units a pending record has (else ``""``)."""
+    note saying how many units a pending record has (else ``""``): what :func:`compare` shows,
+    for chapters that discuss the record beside the paper (``(None, "")`` where there is none)."""
     from .experiments.resume import pending_record
     from .records import paper_record
 
@@ -131,7 +132,7 @@ def compare(
     exp = experiments.get(experiment_id)
     pending = ""
     if record == "results":
-        record, pending = _results_record(experiment_id)
+        record, pending = results_record(experiment_id)
     sources = {
         "paper": list(exp.reference),
         "record": list(record["rows"]) if record else [],

@@ -185,6 +185,23 @@ def test_bayes_is_the_matching_heuristic_up_to_a_constant_under_plain_noise(
     assert torch.allclose(results[0].inputs(), results[1].inputs(), atol=1e-5)
 
 
+def test_table5_against_paper_sets_intervals_over_images_beside_the_papers_numbers():
+    from leakagelib.experiments.bayes_claims import table5_against_paper
+
+    rows = [{"defense": "gaussian", "psnr_per_image_tv": [14.0, 16.0, 18.0],
+             "psnr_per_image_tv_range": [15.0, 16.5, 19.5]}]  # fmt: skip
+    reference = experiments.get("bayes/table5-priors").reference
+    [(defense, found)] = table5_against_paper(rows, reference).items()
+    assert defense == "gaussian" and (found["paper_tv"], found["paper_tv_range"]) == (16.18, 16.3)
+    assert found["tv"] == paired.mean_interval([14.0, 16.0, 18.0])
+    assert (found["tv"].mean, found["tv"].n) == (16.0, 3)  # sd 2, t(0.975, 2) = 4.303
+    assert math.isclose(found["tv"].high - 16.0, 4.302653 * 2 / math.sqrt(3), rel_tol=1e-5)
+    assert found["gain"] == paired.paired_interval([15.0, 16.5, 19.5], [14.0, 16.0, 18.0])
+    assert math.isclose(found["paper_gain"], 16.3 - 16.18)
+    with pytest.raises(ValueError, match="at least two values"):
+        paired.mean_interval([1.0])
+
+
 def test_paired_interval_is_students_t_and_refuses_unpaired_input():
     gap = paired.paired_interval([3.0, 5.0, 7.0], [1.0, 2.0, 3.0])
     assert (gap.mean, gap.n) == (3.0, 3)  # differences 2, 3, 4: sd 1, t(0.975, 2) = 4.303

@@ -6,13 +6,16 @@ above 0. The chapters "Bayes versus heuristics under defenses" (Figure 7) and
 "Breaking heuristic defenses" (Figures 2 and 5) assert them in hidden cells for
 their seed, and ``tests/test_bayes_claims.py`` for two more seeds, so that one
 definition of each claim serves both.
+
+:func:`table5_against_paper` sets a paper-scale record of Table 5 beside the
+paper's numbers, with intervals over its images.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .paired import PairedGap, paired_interval
+from .paired import PairedGap, mean_interval, paired_interval
 
 
 def fig7_gains(rows: Sequence[dict]) -> dict[str, PairedGap]:
@@ -69,3 +72,29 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
         direct = per["soteria (direct attack)", s]
         gains[f"beats at step {s}"] = paired_interval(per["soteria", s], direct)
     return gains
+
+
+def table5_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dict[str, dict]:
+    """Table 5 (A.4), a record's rows beside the paper's, per defense the record has.
+
+    For each prior, ``"tv"`` and ``"tv_range"``: the record's mean PSNR with
+    its interval over the images (:func:`.paired.mean_interval`) and the
+    paper's number (``"paper_tv"``, ``"paper_tv_range"``); ``"gain"``, the
+    pixel-range prior's paired gain over TV alone on the same images, beside
+    the paper's (``"paper_gain"``). The chapter "Bayes versus heuristics under
+    defenses" reads its paper-scale record with it.
+    """
+    paper = {r["defense"]: r for r in reference}
+    out = {}
+    for r in rows:
+        tv, tv_range = r["psnr_per_image_tv"], r["psnr_per_image_tv_range"]
+        p = paper[r["defense"]]
+        out[r["defense"]] = {
+            "tv": mean_interval(tv),
+            "tv_range": mean_interval(tv_range),
+            "gain": paired_interval(tv_range, tv),
+            "paper_tv": p["psnr_tv"],
+            "paper_tv_range": p["psnr_tv_range"],
+            "paper_gain": p["psnr_tv_range"] - p["psnr_tv"],
+        }
+    return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["PairedGap", "paired_interval"]
+__all__ = ["PairedGap", "mean_interval", "paired_interval"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,26 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 
     a paired comparison. The chapters assert their claims as
     ``paired_interval(...).low > 0``.
     """
-    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    if diff.ndim != 1 or len(a) != len(b) or len(diff) < 2:
+    if len(a) != len(b):
         raise ValueError(
             "a and b must be equally long lists of at least two values (one per image), "
             f"got lengths {len(a)} and {len(b)}"
         )
+    return mean_interval(np.asarray(a, dtype=float) - np.asarray(b, dtype=float), confidence)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> PairedGap:
+    """The mean of one value per image with its ``confidence`` interval (Student's t).
+
+    A paired comparison is this interval of the differences; a record's mean
+    PSNR is this interval of its images' PSNRs, which the chapters set beside
+    the paper's number.
+    """
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or len(x) < 2:
+        raise ValueError(f"need a list of at least two values (one per image), got shape {x.shape}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
-    n, mean = len(diff), float(diff.mean())
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diff.std(ddof=1) / math.sqrt(n))
+    n, mean = len(x), float(x.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
     return PairedGap(mean, mean - half, mean + half, n, confidence)
