@@ -125,6 +125,10 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
         (d, s, a) for d in ("mnist", "cifar10") for s in (0, 3) for a in ("bayes", "cosine")
     }
     assert all(len(r["psnr_per_image"]) == 2 and np.isfinite(r["psnr"]) for r in rows)
+    # what the search chose, so that a cell that misses the paper can be traced to its tuning
+    assert all(r["tuned"]["beta"] >= 0 and r["tuned"]["lr"] > 0 for r in rows)
+    assert all(np.isfinite(r["tuning_psnr"]) for r in rows)
+    assert json.loads(json.dumps(jsonable(rows))) == jsonable(rows), "rows must be JSON"
 
 
 def test_ci_attacks_the_stand_ins_and_overrides_at_their_own_resolution(tmp_path):

@@ -40,7 +40,7 @@ defense as the authors' scripts indicate (:data:`~.bayes_scenario.SCENARIO`).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 from torch import Tensor
@@ -177,8 +177,12 @@ def table2(ctx: Context) -> list[dict]:
     tuned attacks — at paper scale about 45 CPU-minutes each, so that an
     interrupted campaign keeps most of its work. Rows: ``dataset``,
     ``defense``, ``attack`` (preset id), ``step`` (training step), ``psnr``
-    (mean over the victims, dB) and ``psnr_per_image``. Seeds follow each
-    cell's (dataset, step) and defense's position in the config's lists.
+    (mean over the victims, dB), ``psnr_per_image``, and what A.3's search
+    chose: ``tuned`` (the :class:`~leakagelib.attacks.config.Setting`: lr,
+    decay, β, layer weighting, annealing start) and ``tuning_psnr`` (its score
+    on the tuning victims), so that a cell that misses the paper's number can
+    be traced to its search. Seeds follow each cell's (dataset, step) and
+    defense's position in the config's lists.
     """
     cfg = ctx.config
     blocks = [(dataset, step) for dataset in cfg.datasets for step in cfg.train_steps]
@@ -196,7 +200,8 @@ def table2(ctx: Context) -> list[dict]:
         found = tune(ctx, case, attacks, offset=1000 * i + 10 * j, defense=name)
         psnr = attack_tuned(ctx, case, attacks, found, offset=1000 * i + 10 * j)
         return [{"dataset": dataset, "defense": name, "attack": a, "step": step,
-                 "psnr": float(v.mean()), "psnr_per_image": v.tolist()}
+                 "psnr": float(v.mean()), "psnr_per_image": v.tolist(),
+                 "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a]}
                 for a, v in psnr.items()]  # fmt: skip
 
     return ctx.units(cells, unit, "table2")
