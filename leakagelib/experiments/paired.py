@@ -23,8 +23,9 @@ __all__ = ["PairedGap", "mean_interval", "paired_interval"]
 
 @dataclass(frozen=True)
 class PairedGap:
-    """The mean of per-image differences ``a − b`` and its two-sided Student-t interval at
-    ``confidence`` (a fraction: chapters glue it rather than type the level)."""
+    """A mean over images and its two-sided Student-t interval at ``confidence`` (a fraction:
+    chapters glue it rather than type the level): of the per-image differences ``a − b`` from
+    :func:`paired_interval`, of one value per image from :func:`mean_interval`."""
 
     mean: float
     low: float
