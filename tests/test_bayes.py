@@ -206,6 +206,21 @@ def test_table5_against_paper_sets_intervals_over_images_beside_the_papers_numbe
         paired.mean_interval([1.0])
 
 
+def test_table2_against_paper_pairs_bayes_with_each_heuristic_on_the_same_images():
+    from leakagelib.experiments.bayes_claims import table2_against_paper
+
+    per_image = {"bayes": [18.0, 19.0, 20.0], "l2": [14.0, 16.0, 15.0], "cosine": [17.0, 17.5, 18]}
+    rows = [{"dataset": "mnist", "defense": "prune+gauss", "step": 0, "attack": a,
+             "psnr": sum(v) / 3, "psnr_per_image": v} for a, v in per_image.items()]  # fmt: skip
+    reference = experiments.get("bayes/table2").reference
+    [(key, cell)] = table2_against_paper(rows, reference).items()
+    assert key == ("mnist", "prune+gauss", 0) and set(cell["gaps"]) == {"l2", "cosine"}
+    assert cell["paper"] == {"bayes": 18.40, "l2": 14.44, "cosine": 16.72}  # the paper's Table 2
+    assert math.isclose(cell["paper_gaps"]["l2"], 18.40 - 14.44)
+    assert cell["gaps"]["l2"] == paired.paired_interval(per_image["bayes"], per_image["l2"])
+    assert cell["psnr"]["cosine"] == paired.mean_interval(per_image["cosine"])
+
+
 def test_paired_interval_is_students_t_and_refuses_unpaired_input():
     gap = paired.paired_interval([3.0, 5.0, 7.0], [1.0, 2.0, 3.0])
     assert (gap.mean, gap.n) == (3.0, 3)  # differences 2, 3, 4: sd 1, t(0.975, 2) = 4.303

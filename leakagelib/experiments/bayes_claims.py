@@ -7,8 +7,9 @@ above 0. The chapters "Bayes versus heuristics under defenses" (Figure 7) and
 their seed, and ``tests/test_bayes_claims.py`` for two more seeds, so that one
 definition of each claim serves both.
 
-:func:`table5_against_paper` sets a paper-scale record of Table 5 beside the
-paper's numbers, with intervals over its images.
+:func:`table2_against_paper` and :func:`table5_against_paper` set a
+paper-scale record of Tables 2 and 5 beside the paper's numbers, with
+intervals over its images.
 """
 
 from __future__ import annotations
@@ -96,5 +97,33 @@ def table5_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dic
             "paper_tv": p["psnr_tv"],
             "paper_tv_range": p["psnr_tv_range"],
             "paper_gain": p["psnr_tv_range"] - p["psnr_tv"],
+        }
+    return out
+
+
+def table2_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dict[tuple, dict]:
+    """Table 2, a record's cells beside the paper's, per (dataset, defense, step) the record has.
+
+    ``"psnr"``: per attack, the record's mean PSNR with its interval over the
+    images (:func:`.paired.mean_interval`); ``"paper"``: the paper's PSNR per
+    attack; ``"gaps"``: the Bayes attack's paired gain over each heuristic
+    attack on the same images, beside the paper's (``"paper_gaps"``: the
+    difference of its two numbers). The paper's claim is that the gains are
+    positive under pruning. The chapter "Bayes versus heuristics under
+    defenses" reads its paper-scale record with it.
+    """
+    paper = {(r["dataset"], r["defense"], r["step"], r["attack"]): r["psnr"] for r in reference}
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    for r in rows:
+        cell = cells.setdefault((r["dataset"], r["defense"], r["step"]), {})
+        cell[r["attack"]] = r["psnr_per_image"]
+    out = {}
+    for key, per in cells.items():
+        heuristics = [a for a in per if a != "bayes"]
+        out[key] = {
+            "psnr": {a: mean_interval(v) for a, v in per.items()},
+            "paper": {a: paper[(*key, a)] for a in per},
+            "gaps": {a: paired_interval(per["bayes"], per[a]) for a in heuristics},
+            "paper_gaps": {a: paper[(*key, "bayes")] - paper[(*key, a)] for a in heuristics},
         }
     return out
