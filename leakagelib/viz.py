@@ -50,21 +50,23 @@ def show_grid(
 
 
 def show_rows(
-    rows: Mapping[str, torch.Tensor],
+    rows: Mapping[str, torch.Tensor | Sequence[torch.Tensor]],
     titles: Mapping[str, Sequence[str]] | None = None,
     size: float = 1.4,
 ) -> Figure:
-    """One row per entry of ``rows`` (label → N×C×H×W), e.g. originals above reconstructions."""
+    """One row per entry of ``rows`` (label → N×C×H×W, or a list of C×H×W images, which may
+    differ in size and channels: MNIST digits beside CIFAR patches), e.g. originals above
+    reconstructions."""
     if not rows:
         raise ValueError("show_rows needs at least one row of images")
-    n = max(t.shape[0] for t in rows.values())
+    n = max(len(t) for t in rows.values())
     fig, axes = plt.subplots(
         len(rows), n, figsize=(size * n, size * len(rows) + 0.2), squeeze=False
     )
     for r, (label, images) in enumerate(rows.items()):
         for c in range(n):
             ax = axes[r, c]
-            if c < images.shape[0]:
+            if c < len(images):
                 _draw(ax, images[c], (titles or {}).get(label, [None] * n)[c])
             else:
                 ax.axis("off")

@@ -128,6 +128,10 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
     # what the search chose, so that a cell that misses the paper can be traced to its tuning
     assert all(r["tuned"]["beta"] >= 0 and r["tuned"]["lr"] > 0 for r in rows)
     assert all(np.isfinite(r["tuning_psnr"]) for r in rows)
+    for r in rows:  # the first victims and their reconstructions, for the chapter's figure
+        side = 28 if r["dataset"] == "mnist" else 32
+        assert np.asarray(r["original"]).shape[1:] == np.asarray(r["reconstruction"]).shape[1:]
+        assert np.asarray(r["reconstruction"]).shape[0] == 2 and len(r["original"][0][0]) == side
     assert json.loads(json.dumps(jsonable(rows))) == jsonable(rows), "rows must be JSON"
 
 
@@ -260,8 +264,9 @@ def test_tuned_attacks_run_as_one_program_on_a_case():
     found = bayes_scenario.tune(ctx, case, attacks, offset=0, defense="prune+gauss")
     assert set(found.best) == {"bayes", "l2"}
     assert all(setting.beta in (1e-2, 1.0) for setting in found.best.values())
-    psnr = bayes_scenario.attack_tuned(ctx, case, attacks, found, offset=0)
+    psnr, images = bayes_scenario.attack_tuned(ctx, case, attacks, found, offset=0)
     assert set(psnr) == {"bayes", "l2"} and all(v.shape == (3,) for v in psnr.values())
+    assert all(torch.equal(case.score_images(images[a]), psnr[a]) for a in psnr)
     alone = case.attack(
         attacks["l2"], settings=[found.best["l2"]], generator=ctx.generator(1)
     )  # the same program with one attack: the same starting points, the same result

@@ -254,15 +254,18 @@ def tune(
 
 def attack_tuned(
     ctx: Context, case: Case, attacks: dict[str, Attack], found: SearchResult, *, offset: int
-) -> dict[str, Tensor]:
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Every attack with its tuned setting on all victims of ``case``, as one batched program.
 
-    Returns attack name → per-victim PSNR (de-normalised, data range 1, no clipping).
+    Returns attack name → per-victim PSNR (de-normalised, data range 1, no
+    clipping), and attack name → the reconstructions (N × C × H × W in [0, 1]
+    before clipping), which Table 2's rows keep a few of.
     """
     names = list(attacks)
     result = case.attack([attacks[a] for a in names], settings=[found.best[a] for a in names],
                          names=names, generator=ctx.generator(offset + 1))  # fmt: skip
-    return {a: case.score(result, "psnr", a) for a in names}
+    images = {a: case.reconstructions(result, a) for a in names}
+    return {a: case.score_images(images[a], "psnr") for a in names}, images
 
 
 def gray_baseline(images: Tensor) -> Tensor:

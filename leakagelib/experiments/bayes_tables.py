@@ -47,6 +47,7 @@ from torch import Tensor
 
 from ..attacks import Attack, PixelRange, Prior, TotalVariation, preset
 from ..defenses import GaussianNoise
+from ..records import image_lists
 from .bayes_scenario import (
     ATTACKS,
     DEFENSES,
@@ -63,7 +64,7 @@ from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["FIG7", "TABLE2", "TABLE5", "fig7_mc_samples", "table2", "table5_priors"]
+__all__ = ["FIG7", "SHOWN", "TABLE2", "TABLE5", "fig7_mc_samples", "table2", "table5_priors"]
 
 #: ci: eight victims, 25 attack steps, a constant β on a coarse log grid only (module docstring);
 #: paper: the authors' tuners (:func:`~.bayes_scenario.tuners`).
@@ -89,6 +90,11 @@ _SEARCH_SOURCES = {
     "grid": "§6: 480 combinations for ℓ2, ℓ1 and cosine (HeuristicGrid: tune_attacks_dp.py "
     "lines 162–169), 540 for Bayes (BayesGrid: tune_attacks_theory.py lines 162–167); ci: none",
 }
+
+#: How many victims of a Table 2 cell keep their reconstructions in the rows (Table 2 has no
+#: figure; the chapter shows these beside the originals). Two keep the paper-scale record near
+#: 3 MB: 16 cells × 4 attacks × 2 images and their originals, up to 3×32×32 values each.
+SHOWN = 2
 
 #: The defenses whose Table 2 and Table 5 cells the ci scale runs (module docstring).
 _CI_DEFENSES = ("prune+gauss",)
@@ -181,8 +187,10 @@ def table2(ctx: Context) -> list[dict]:
     chose: ``tuned`` (the :class:`~leakagelib.attacks.config.Setting`: lr,
     decay, β, layer weighting, annealing start) and ``tuning_psnr`` (its score
     on the tuning victims), so that a cell that misses the paper's number can
-    be traced to its search. Seeds follow each cell's (dataset, step) and
-    defense's position in the config's lists.
+    be traced to its search; ``original`` and ``reconstruction``, the first
+    :data:`SHOWN` victims and the attack's images of them (clamped to [0, 1],
+    as lists), for the chapter's figure. Seeds follow each cell's (dataset,
+    step) and defense's position in the config's lists.
     """
     cfg = ctx.config
     blocks = [(dataset, step) for dataset in cfg.datasets for step in cfg.train_steps]
@@ -198,10 +206,12 @@ def table2(ctx: Context) -> list[dict]:
         attacks = table2_attacks(defense, cfg.attacks, steps=cfg.steps,
                                  anneal_steps=cfg.anneal_steps)  # fmt: skip
         found = tune(ctx, case, attacks, offset=1000 * i + 10 * j, defense=name)
-        psnr = attack_tuned(ctx, case, attacks, found, offset=1000 * i + 10 * j)
+        psnr, images = attack_tuned(ctx, case, attacks, found, offset=1000 * i + 10 * j)
         return [{"dataset": dataset, "defense": name, "attack": a, "step": step,
                  "psnr": float(v.mean()), "psnr_per_image": v.tolist(),
-                 "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a]}
+                 "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a],
+                 "original": image_lists(case.images[:SHOWN]),
+                 "reconstruction": image_lists(images[a][:SHOWN])}
                 for a, v in psnr.items()]  # fmt: skip
 
     return ctx.units(cells, unit, "table2")
@@ -234,7 +244,7 @@ def _table5_row(ctx: Context, case: Case, offset: int, defense: str) -> dict:
                  distance=dict.fromkeys(attacks, "l2"))  # fmt: skip
     best = max((p for p in attacks if p != "tv"), key=lambda p: found.best_psnr[p])
     chosen = {"tv": attacks["tv"], best: attacks[best]}
-    psnr = attack_tuned(ctx, case, chosen, found, offset=offset)
+    psnr, _ = attack_tuned(ctx, case, chosen, found, offset=offset)
     return {
         "psnr_tv": float(psnr["tv"].mean()),
         "psnr_tv_range": float(psnr[best].mean()),
