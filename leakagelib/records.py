@@ -122,22 +122,30 @@ def jsonable(value: Any) -> Any:
 
 
 def write_json_atomically(value: Any, path: str | os.PathLike) -> Path:
-    """Write ``value`` as JSON to ``path`` atomically (temporary file, fsync, then rename).
+    """Write ``value`` as JSON to ``path`` atomically (:func:`write_text_atomically`)."""
+    return write_text_atomically(
+        json.dumps(_jsonable(value), indent=1, allow_nan=False) + "\n", path
+    )
+
+
+def write_text_atomically(text: str, path: str | os.PathLike) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temporary file, fsync, then rename).
 
     An interrupted write never leaves a half-written file behind, and an
-    existing file is only replaced by a complete new one. The file gets the
+    existing file is only replaced by a complete new one; a reader meanwhile
+    sees the old file or the new one (``tools/install_cells.py`` rewrites
+    chapters while ``make test``'s unit tests read them). The file gets the
     permissions an ordinary new file would (``mkstemp`` alone makes it private).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_jsonable(value), indent=1, allow_nan=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text + "\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -32,6 +32,8 @@ from urllib.parse import urlencode
 
 import yaml
 
+from leakagelib.records import write_text_atomically
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The tag that marks a chapter's install cell.
@@ -171,9 +173,7 @@ def rewrite(path: Path, source: str, *, check: bool = False) -> bool:
     if new == text:
         return False
     if not check:  # atomically: `make test` runs the unit tests, which read chapters, beside it
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomically(new, path)
     return True
 
 
