@@ -230,6 +230,8 @@ def test_paired_interval_is_students_t_and_refuses_unpaired_input():
     assert (gap.mean, gap.n) == (3.0, 3)  # differences 2, 3, 4: sd 1, t(0.975, 2) = 4.303
     assert math.isclose(gap.high - gap.mean, 4.302653 / math.sqrt(3), rel_tol=1e-5)
     assert math.isclose(gap.mean - gap.low, gap.high - gap.mean)
+    assert f"{paired.PairedGap(0.77, 0.47, 1.07, 3, 0.95):+.2f}" == "+0.77 (+0.47 to +1.07)"
+    assert f"{gap}" == repr(gap)
     rows = [
         {"dataset": "mnist", "defense": "prune+lap", "step": 0, "attack": a, "psnr_per_image": v}
         for a, v in (("bayes", [3.0, 5.0, 7.0]), ("l2", [1.0, 2.0, 3.0]))

@@ -33,6 +33,13 @@ class PairedGap:
     n: int
     confidence: float
 
+    def __format__(self, spec: str) -> str:
+        """``f"{gap:+.2f}"`` → ``"+0.77 (+0.47 to +1.07)"``: the mean and the interval, each
+        number in ``spec``, as the chapters state them (an empty ``spec``: the repr)."""
+        if not spec:
+            return repr(self)
+        return f"{self.mean:{spec}} ({self.low:{spec}} to {self.high:{spec}})"
+
 
 def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedGap:
     """The mean per-image difference ``a − b`` with its ``confidence`` interval (Student's t).
