@@ -368,3 +368,18 @@ def test_a_resumed_run_skips_finished_units_and_gives_the_same_record(exp_id, ch
     path.write_text(json.dumps(saved))
     assert run(resume=True) == whole
     assert list(json.loads(path.read_text())["units"]) == list(saved["units"]) + [lost]
+
+
+def test_table2_misses_lists_the_cells_whose_paper_number_lies_outside_the_interval():
+    from leakagelib.experiments.bayes_claims import table2_against_paper, table2_misses
+
+    per_image = {"bayes": [18.3, 18.4, 18.5], "l2": [14.4, 14.5, 14.6], "cosine": [15.4, 15.5, 15.6]}
+    rows = [{"dataset": "mnist", "defense": "prune+gauss", "step": 0, "attack": a,
+             "psnr": sum(v) / 3, "psnr_per_image": v} for a, v in per_image.items()]  # fmt: skip
+    # the paper: bayes 18.40 (inside), l2 14.44 (inside), cosine 16.72 (above the interval)
+    misses = table2_misses(table2_against_paper(rows, experiments.get("bayes/table2").reference))
+    assert misses["cosine"] == {"below": [("mnist", "prune+gauss", 0)], "above": []}
+    assert misses["bayes"] == misses["l2"] == {"below": [], "above": []}
+    rows[1]["psnr_per_image"] = [14.0, 14.1, 14.2]  # now the paper's 14.44 lies above ℓ2's interval
+    misses = table2_misses(table2_against_paper(rows, experiments.get("bayes/table2").reference))
+    assert misses["l2"]["below"] == [("mnist", "prune+gauss", 0)]

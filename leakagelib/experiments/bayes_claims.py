@@ -9,7 +9,8 @@ definition of each claim serves both.
 
 :func:`table2_against_paper` and :func:`table5_against_paper` set a
 paper-scale record of Tables 2 and 5 beside the paper's numbers, with
-intervals over its images.
+intervals over its images; :func:`table2_misses` lists where Table 2's
+record and the paper disagree.
 """
 
 from __future__ import annotations
@@ -126,4 +127,24 @@ def table2_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dic
             "gaps": {a: paired_interval(per["bayes"], per[a]) for a in heuristics},
             "paper_gaps": {a: paper[(*key, "bayes")] - paper[(*key, a)] for a in heuristics},
         }
+    return out
+
+
+def table2_misses(against: dict[tuple, dict]) -> dict[str, dict[str, list[tuple]]]:
+    """Per attack, the cells of :func:`table2_against_paper` whose paper PSNR lies outside the
+    record's interval: ``{"below": [...], "above": [...]}``, ``below`` where the record's interval
+    lies below the paper's number (the record's attack is weaker there).
+
+    The chapter "Bayes versus heuristics under defenses" states these counts under its record
+    table, so that a systematic miss (one attack short of the paper in most cells) shows.
+    """
+    out: dict[str, dict[str, list[tuple]]] = {}
+    for key, cell in against.items():
+        for attack, got in cell["psnr"].items():
+            misses = out.setdefault(attack, {"below": [], "above": []})
+            paper = cell["paper"][attack]
+            if got.high < paper:
+                misses["below"].append(key)
+            elif got.low > paper:
+                misses["above"].append(key)
     return out
