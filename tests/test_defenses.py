@@ -11,7 +11,8 @@ from torch import nn
 
 from leakagelib import data, metrics
 from leakagelib.attacks import AttackConfig, TotalVariation, image_bounds
-from leakagelib.attacks.likelihoods import Cosine, Gaussian
+from leakagelib.attacks.cosine import Cosine
+from leakagelib.attacks.likelihoods import Gaussian
 from leakagelib.defenses import (
     DPSGD,
     ATSAugmentation,

@@ -19,7 +19,8 @@ from __future__ import annotations
 from .attack import Attack, run_together
 from .closed_form import bias_attack
 from .config import AttackConfig, Setting
-from .likelihoods import Cosine, Gaussian, Laplace, LayerSelection, Likelihood, Pruned
+from .cosine import Cosine
+from .likelihoods import Gaussian, Laplace, LayerSelection, Likelihood, Pruned
 from .loop import image_bounds, reconstruct
 from .network_priors import BatchNormStatistics, LabelAlignment, LogitLabelDistance, gradinversion
 from .presets import PRESETS, preset

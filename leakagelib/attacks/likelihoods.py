@@ -8,7 +8,9 @@ the update ``s = ∇θ ℓ(h_θ(x), y)`` the attacker simulates for a candidate
 
 * :class:`Gaussian` — noise N(0, σ²): ``-‖g − s‖² / 2σ²`` (DLG's ℓ2 distance);
 * :class:`Laplace` — noise Lap(0, b): ``-‖g − s‖₁ / b`` (the ℓ1 attack);
-* :class:`Cosine` — ``-(1 − cos(g, s))`` (Inverting Gradients);
+* :class:`~.cosine.Cosine` (module :mod:`.cosine`) — ``-(1 − cos(g, s))``
+  (Inverting Gradients), or one cosine over each block of ``group``
+  consecutive updates (the Bayes authors' ``cos_sim_global``);
 * :class:`Pruned` — a random keep-mask then Gaussian or Laplace noise (the
   "prune + noise" defenses of Table 2): with the mask known, the noise
   likelihood on the kept entries and ``g`` against 0 on the pruned ones; with
@@ -45,7 +47,6 @@ Weighted = list[tuple[str, Tensor]]
 
 __all__ = [
     "WEIGHTINGS",
-    "Cosine",
     "Gaussian",
     "Laplace",
     "LayerSelection",
@@ -156,6 +157,18 @@ class Likelihood(ABC):
     """
 
     layers: LayerSelection
+    #: How many consecutive updates (along ``N``) one value of the likelihood couples: 1 for
+    #: every likelihood but a grouped :class:`~.cosine.Cosine`.
+    group: int = 1
+
+    def check_updates(self, n_updates: int) -> None:
+        """Raise unless ``n_updates`` updates split into blocks of :attr:`group`."""
+        if n_updates % self.group:
+            raise ValueError(
+                f"{type(self).__name__}(group={self.group}) compares blocks of {self.group} "
+                f"consecutive updates, but got N = {n_updates} updates, not a multiple of "
+                f"{self.group}"
+            )
 
     def weights(self, names: Sequence[str], weighting: str | None = None) -> Tensor:
         """This likelihood's weight per parameter tensor of an update with ``names``."""
@@ -242,41 +255,6 @@ class Laplace(Likelihood):
 
     def describe(self) -> dict[str, object]:
         return {"likelihood": "laplace", "b": self.b, "weighting": self.layers.weighting}
-
-
-@dataclass(frozen=True)
-class Cosine(Likelihood):
-    """``-(1 − cos(g, s))`` over the selected layers, with one global cosine.
-
-    Inverting Gradients' distance (Geiping et al. 2020); the Bayes paper's
-    ``cos_sim_global`` metric, in which layer weights scale both vectors before
-    the dot product and the norms. ``eps`` keeps the norm of a zero update
-    finite (1e-7 as in the authors' code).
-    """
-
-    eps: float = 1e-7
-    layers: LayerSelection = field(default_factory=LayerSelection)
-
-    def log_prob(self, observed: Update, simulated: Update, weights: Tensor) -> Tensor:
-        w = weights.to(next(iter(observed.values())).dtype)
-        keys = list(observed)
-        dot = sum(w[i] ** 2 * (observed[k] * simulated[k]).sum() for i, k in enumerate(keys))
-        n_obs = sum(w[i] ** 2 * observed[k].pow(2).sum() for i, k in enumerate(keys))
-        n_sim = sum(w[i] ** 2 * simulated[k].pow(2).sum() for i, k in enumerate(keys))
-        return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
-
-    def batched_log_prob(
-        self, observed: Observed, simulated: Simulated, weighted: Weighted
-    ) -> Tensor:
-        dot, n_sim = simulated.cosine_sums(observed, weighted)
-        n_obs = sum(
-            w[:, None, None] ** 2 * observed.square(k).to(w.dtype)[None, :, None]
-            for k, w in weighted
-        )
-        return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
-
-    def describe(self) -> dict[str, object]:
-        return {"likelihood": "cosine", "weighting": self.layers.weighting}
 
 
 NOISES = ("gaussian", "laplace")

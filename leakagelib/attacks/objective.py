@@ -94,10 +94,19 @@ def batched_objective(
     weights = weights.to(device=device, dtype=torch.float32)
     betas = torch.tensor([s.beta for s in settings], device=device)
     y = (labels if labels is not None else torch.zeros((N, shape[3]), dtype=torch.long)).to(device)
+    for lik in likelihoods:  # a grouped likelihood needs N in whole blocks
+        lik.check_updates(N)
     reason = unsupported_reason(model)
     if config.engine == "hooks" and reason is not None:
         raise ValueError(f"engine='hooks' cannot batch attacks on this model: {reason}; use 'vmap'")
     if config.engine == "vmap" or reason is not None:
+        grouped = [lik for lik in likelihoods if lik.group != 1]
+        if grouped:  # the vmap route differentiates every update's attack on its own
+            why = "engine='vmap'" if reason is None else reason
+            raise ValueError(
+                f"{grouped[0]!r} couples blocks of {grouped[0].group} updates, which only the "
+                f"hooked route evaluates together ({why})"
+            )
         return _vmapped(model, observed, y, likelihoods, priors, weights, betas, config, loss)
     return _hooked(model, observed, y, likelihoods, priors, weights, betas, config, loss)
 

@@ -41,9 +41,10 @@ every optimisation attack through :func:`leakagelib.attacks.objective.batched_ob
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -202,16 +203,17 @@ def _layer_gradients(
 class Observed:
     """The observed updates ``N × ...`` and what the factored inner products need of them.
 
-    Squared norms, float64 copies of the factored dense-layer weights and the
-    weighted concatenation the cosine needs are made once per attack run, on
-    first use, not at every step.
+    Squared norms, float64 copies of the factored dense-layer weights and what
+    a likelihood derives from the updates (:meth:`once`: the cosine's weighted
+    concatenation, :func:`~.cosine.cosine_sums`) are made once per attack
+    run, on first use, not at every step.
     """
 
     def __init__(self, update: dict[str, Tensor]) -> None:
         self.update = update
         self._wide: dict[str, Tensor] = {}
         self._square: dict[str, Tensor] = {}
-        self._concatenated: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._made: dict[tuple, object] = {}
 
     def wide(self, name: str) -> Tensor:
         """The float64 copy of ``update[name]``."""
@@ -219,19 +221,11 @@ class Observed:
             self._wide[name] = self.update[name].double()
         return self._wide[name]
 
-    def concatenated(self, weighted: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
-        """``w²·g`` (``H × N × 1 × P``) and ``w²`` (``H × 1 × 1 × P``) over the listed parameters, flat.
-
-        ``weighted`` pairs each parameter with its weight in each of the ``H``
-        settings; made once per attack run (the same list at every step).
-        """
-        key = tuple((k, id(w)) for k, w in weighted)
-        if key not in self._concatenated:
-            w2 = torch.cat([(w**2)[:, None].expand(-1, self.update[k][0].numel())
-                            for k, w in weighted], 1)[:, None, None]  # fmt: skip
-            g = torch.cat([self.update[k].flatten(1) for k, _ in weighted], 1)[None, :, None]
-            self._concatenated[key] = (g * w2, w2)
-        return self._concatenated[key]
+    def once(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, called on the first use of ``key`` in this attack run only."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def square(self, name: str) -> Tensor:
         """``‖g‖²`` of every observed update's ``name`` (``N``, float64)."""
@@ -291,32 +285,6 @@ class Simulated:
         if name in self.dense:
             return self.dense[name].pow(2).flatten(3).sum(3)
         return self._factored_norm(name).to(torch.float32)
-
-    def cosine_sums(
-        self, obs: Observed, weighted: list[tuple[str, Tensor]]
-    ) -> tuple[Tensor, Tensor]:
-        """``Σ_k w_k² ⟨s_k, g_k⟩`` and ``Σ_k w_k² ‖s_k‖²`` per attack (``H × N × M``).
-
-        ``weighted`` pairs each parameter with its weight in each of the ``H``
-        settings. The dense parameters are concatenated into one vector per
-        attack: one product, square and sum instead of one per tensor, and a
-        shorter graph for the second backward (a single Inverting Gradients
-        attack ran 5–8 % faster on the CPU, on par with breaching's;
-        ``benchmarks/peers.py``). Factored layers add their float64 sums.
-        """
-        dense = [(k, w) for k, w in weighted if k in self.dense]
-        dot = sum(
-            w[:, None, None] ** 2 * self.inner(k, obs) for k, w in weighted if k not in self.dense
-        )
-        norm = sum(
-            w[:, None, None] ** 2 * self.sq_norm(k) for k, w in weighted if k not in self.dense
-        )
-        if dense:
-            s = torch.cat([self.dense[k].flatten(3) for k, _ in dense], 3)  # H × N × M × P
-            g_w2, w2 = obs.concatenated(dense)
-            dot = dot + (s * g_w2).sum(3)
-            norm = norm + (s.pow(2) * w2).sum(3)
-        return dot, norm
 
     def _factored_norm(self, name: str) -> Tensor:
         d, a = (t.double() for t in self.factors[name])

@@ -37,7 +37,8 @@ from typing import Any
 
 from .attack import Attack, Include, restrict
 from .config import AttackConfig
-from .likelihoods import Cosine, Gaussian, Laplace, LayerSelection, Likelihood
+from .cosine import Cosine
+from .likelihoods import Gaussian, Laplace, LayerSelection, Likelihood
 from .network_priors import LabelAlignment, LogitLabelDistance, gradinversion
 from .priors import Prior, TotalVariation, Uniform
 

@@ -78,7 +78,8 @@ class BiasRemoval(UpdateMechanism):
         objective (the prior weight β absorbs it); the cosine variant is the
         Inverting Gradients reading of the same selection.
         """
-        from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection
+        from ..attacks.cosine import Cosine
+        from ..attacks.likelihoods import Gaussian, LayerSelection
 
         weights_only = LayerSelection(include=lambda name: not is_bias(name))
         if self.attack == "gaussian":

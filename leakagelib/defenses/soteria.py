@@ -33,7 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attacks import AttackConfig, Prior, reconstruct
-from ..attacks.likelihoods import Cosine, Gaussian, LayerSelection, Likelihood
+from ..attacks.cosine import Cosine
+from ..attacks.likelihoods import Gaussian, LayerSelection, Likelihood
 from ..gradients import Update
 from .base import GradientDefense, Objective, client_gradients, require
 
