@@ -116,8 +116,9 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
         paths[logical] = str(tmp_path / f"{logical}.npz")
         np.savez(paths[logical], images=(images * 255).round().byte().numpy(), labels=labels)
     small = shrunk(
-        "bayes/table2", "paper", victims=2, steps=2, anneal_steps=1, refine=2, grid=False,
-        train_steps=(0, 3), defenses=("prune+lap",), attacks=("bayes", "cosine"),
+        "bayes/table2", "paper", victims=2, tune_victims=2, cosine_group=2, steps=2,
+        anneal_steps=1, refine=2, grid=False, train_steps=(0, 3), defenses=("prune+lap",),
+        attacks=("bayes", "cosine"),
     )  # fmt: skip
     ctx = Context(scale="paper", progress=False, data=paths, download=False, settings=small)
     rows = experiments.get("bayes/table2").fn(ctx)
@@ -373,7 +374,11 @@ def test_a_resumed_run_skips_finished_units_and_gives_the_same_record(exp_id, ch
 def test_table2_misses_lists_the_cells_whose_paper_number_lies_outside_the_interval():
     from leakagelib.experiments.bayes_claims import table2_against_paper, table2_misses
 
-    per_image = {"bayes": [18.3, 18.4, 18.5], "l2": [14.4, 14.5, 14.6], "cosine": [15.4, 15.5, 15.6]}
+    per_image = {
+        "bayes": [18.3, 18.4, 18.5],
+        "l2": [14.4, 14.5, 14.6],
+        "cosine": [15.4, 15.5, 15.6],
+    }
     rows = [{"dataset": "mnist", "defense": "prune+gauss", "step": 0, "attack": a,
              "psnr": sum(v) / 3, "psnr_per_image": v} for a, v in per_image.items()]  # fmt: skip
     # the paper: bayes 18.40 (inside), l2 14.44 (inside), cosine 16.72 (above the interval)

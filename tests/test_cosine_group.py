@@ -15,9 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leakagelib import experiments
 from leakagelib.attacks import AttackConfig, Cosine, LayerSelection, Setting, Uniform
 from leakagelib.attacks.objective import batched_objective
 from leakagelib.attacks.per_attack import Observed, Simulated
+from leakagelib.experiments import Context, bayes_scenario
 from leakagelib.gradients import functional_gradient, params_of, per_sample_updates
 from leakagelib.models import build
 
@@ -182,3 +184,20 @@ def test_updates_that_do_not_fill_whole_blocks_are_refused_early():
         batched_objective(*args, AttackConfig(engine="vmap"), shape=(1, 2, 1, 1, 1, 8, 8),
                           loss="ce", device=cpu)  # fmt: skip
 
+
+def test_table2_runs_the_authors_global_cosine_and_tunes_on_ten_victims():
+    table2 = experiments.get("bayes/table2").config
+    paper, ci = table2.at("paper"), table2.at("ci")
+    assert (paper.tune_victims, paper.cosine_group, paper.victims) == (10, 10, 100)
+    assert (ci.tune_victims, ci.cosine_group) == (1, 1)  # ci: as cheap as before
+    assert "n_attack = 1" in table2.sources["tune_victims"]
+    table5 = experiments.get("bayes/table5-priors").config
+    assert table5.at("paper").tune_victims == 1 and "cosine_group" not in table5.paper
+    defense = bayes_scenario.make_defense("prune+gauss")
+    attacks = bayes_scenario.table2_attacks(defense, ("l2", "cosine"), steps=3, cosine_group=10)
+    assert attacks["cosine"].likelihood == Cosine(group=10, placement="dot")
+    assert attacks["cosine"].prior is attacks["l2"].prior
+    small = table2.changed("ci", {"victims": 6, "cosine_group": 4})
+    ctx = Context(scale="ci", progress=False, settings=small)
+    with pytest.raises(ValueError, match="victims = 6 is not a multiple of cosine_group = 4"):
+        experiments.get("bayes/table2").fn(ctx)

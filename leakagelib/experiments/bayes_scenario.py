@@ -20,6 +20,7 @@ Used by Tables 2 and 5 and Fig. 7 of the Bayes paper (Balunović et al., ICLR
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -137,7 +138,12 @@ def make_defense(name: str, seed: int = 0) -> GradientDefense:
 
 
 def table2_attacks(
-    defense: GradientDefense, names: Sequence[str], *, steps: int, anneal_steps: int = 0
+    defense: GradientDefense,
+    names: Sequence[str],
+    *,
+    steps: int,
+    anneal_steps: int = 0,
+    cosine_group: int = 1,
 ) -> dict[str, Attack]:
     """The presets ``names`` (ids of :data:`ATTACKS`) against ``defense``, ``steps`` steps each.
 
@@ -149,18 +155,30 @@ def table2_attacks(
     is the Bayes authors' TV in their convention (squared differences summed
     over each image, ``utils/measures.py``), so the β grids searched over it
     (A.3) are the paper's numbers as written.
+
+    ``cosine`` is the authors' ``cos_sim_global``
+    (:class:`~leakagelib.attacks.Cosine` with ``placement="dot"``: the layer
+    weights on the dot product only), one cosine over each block of
+    ``cosine_group`` consecutive victims (their ``--k_batches 10``); the
+    victims attacked must then come in whole blocks. ℓ2, ℓ1 and Bayes sum
+    over the images of a block, so they need no group.
     """
     unknown = [a for a in names if a not in ATTACKS]
     if unknown:
         raise KeyError(f"unknown attacks {unknown}; use {list(ATTACKS)}")
     prior = TotalVariation(power=2, reduction="sum")
     matched = {"bayes": {"likelihood": defense.likelihood()}} if "bayes" in names else {}
-    return {
+    attacks = {
         a: preset(a, steps=steps, prior=prior, **matched.get(a, {})).with_config(
             anneal_steps=anneal_steps
         )
         for a in names
     }
+    if "cosine" in attacks:
+        cosine = attacks["cosine"]
+        glob = replace(cosine.likelihood, group=cosine_group, placement="dot")
+        attacks["cosine"] = replace(cosine, likelihood=glob)
+    return attacks
 
 
 def scenario(

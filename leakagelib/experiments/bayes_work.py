@@ -102,7 +102,10 @@ def _tuned(
 
     The search's stages are counted from the attacks' tuners
     (:func:`~.bayes_scenario.tuners`; ``distance`` as there): at paper scale
-    41 + 20 + 480 settings per heuristic attack and 24 + 20 + 540 for Bayes.
+    41 + 20 + 480 settings per heuristic attack and 24 + 20 + 540 for Bayes,
+    each on ``tune_victims`` images (Table 2: the authors' ten at paper scale,
+    which makes its search ten times the load of a one-victim search; Table
+    5: one). Table 2's grouped cosine costs what a per-image one does.
 
     A group is attacks that share one likelihood object: the batched program
     evaluates each distinct likelihood on its own settings
