@@ -157,14 +157,8 @@ class Cosine(Likelihood):
                 f"Cosine(group={self.group}) compares blocks of updates, and log_prob sees one: "
                 "use grouped_log_prob, or batched_log_prob (the hooked engine)"
             )
-        w = weights.to(next(iter(observed.values())).dtype)
         keys = list(observed)
-        if self.placement == "vectors":  # the expressions from before placements, bit for bit
-            dot = sum(w[i] ** 2 * (observed[k] * simulated[k]).sum() for i, k in enumerate(keys))
-            n_obs = sum(w[i] ** 2 * observed[k].pow(2).sum() for i, k in enumerate(keys))
-            n_sim = sum(w[i] ** 2 * simulated[k].pow(2).sum() for i, k in enumerate(keys))
-            return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
-        a, b = cosine_factors(w, self.placement)
+        a, b = cosine_factors(weights.to(observed[keys[0]].dtype), self.placement)
         dot = sum(a[i] * (observed[k] * simulated[k]).sum() for i, k in enumerate(keys))
         n_obs = sum(b[i] * observed[k].pow(2).sum() for i, k in enumerate(keys))
         n_sim = sum(b[i] * simulated[k].pow(2).sum() for i, k in enumerate(keys))
