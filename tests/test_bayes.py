@@ -129,6 +129,7 @@ def test_table2_paper_branch_runs_on_full_resolution_data(tmp_path):
     # what the search chose, so that a cell that misses the paper can be traced to its tuning
     assert all(r["tuned"]["beta"] >= 0 and r["tuned"]["lr"] > 0 for r in rows)
     assert all(np.isfinite(r["tuning_psnr"]) for r in rows)
+    assert all((r["tune_victims"], r["cosine_group"]) == (2, 2) for r in rows)
     for r in rows:  # the first victims and their reconstructions, for the chapter's figure
         side = 28 if r["dataset"] == "mnist" else 32
         assert np.asarray(r["original"]).shape[1:] == np.asarray(r["reconstruction"]).shape[1:]

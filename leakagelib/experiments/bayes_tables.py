@@ -216,8 +216,10 @@ def table2(ctx: Context) -> list[dict]:
     (mean over the victims, dB), ``psnr_per_image``, and what A.3's search
     chose: ``tuned`` (the :class:`~leakagelib.attacks.config.Setting`: lr,
     decay, β, layer weighting, annealing start) and ``tuning_psnr`` (its score
-    on the tuning victims), so that a cell that misses the paper's number can
-    be traced to its search; ``original`` and ``reconstruction``, the first
+    on the tuning victims) with ``tune_victims`` (how many it tuned on) and
+    ``cosine_group`` (victims per cosine), so that a cell that misses the
+    paper's number can be traced to its search (records made before 2026-11-26
+    lack the last two: they tuned on one victim, one cosine per victim); ``original`` and ``reconstruction``, the first
     :data:`SHOWN` victims and the attack's images of them (clamped to [0, 1],
     as lists), for the chapter's figure. Seeds follow each cell's (dataset,
     step) and defense's position in the config's lists.
@@ -248,6 +250,7 @@ def table2(ctx: Context) -> list[dict]:
         return [{"dataset": dataset, "defense": name, "attack": a, "step": step,
                  "psnr": float(v.mean()), "psnr_per_image": v.tolist(),
                  "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a],
+                 "tune_victims": cfg.tune_victims, "cosine_group": cfg.cosine_group,
                  "original": image_lists(case.images[:SHOWN]),
                  "reconstruction": image_lists(images[a][:SHOWN])}
                 for a, v in psnr.items()]  # fmt: skip
