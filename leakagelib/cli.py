@@ -191,7 +191,7 @@ def _checked_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], changes: dict):
     """The partial record beside ``out`` (``OUT.partial``); refuses to drop one without --resume."""
-    from .experiments.resume import PartialRecord
+    from .experiments.resume import PartialRecord, data_digests
 
     path = out.with_name(out.name + ".partial")
     if path.exists() and not args.resume:
@@ -200,6 +200,8 @@ def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], cha
             "or delete it to start afresh"
         )
     identity = {"experiment": args.id, "scale": args.scale, "seed": args.seed, "data": overrides}
+    if overrides:  # the files' content, so that a resume may name them by another path
+        identity["data_sha256"] = data_digests(overrides)
     if changes:  # an older partial record, made without changes, keeps its identity
         identity["changes"] = changes
     return PartialRecord(path, identity, resume=args.resume)
@@ -243,10 +245,12 @@ def _plan_line(
 ) -> tuple[str, str, float | None]:
     """``(status, line, seconds)`` of one campaign entry: done, partial or to run, with its ETA.
 
-    A partial record's ETA is the pace of its finished units; an experiment
-    not started yet gets the estimate of its declared work at step times
-    probed on this device (:mod:`leakagelib.experiments.estimate`); ``seconds``
-    is ``None`` when there is no ETA.
+    A partial record's ETA is the pace of its finished units when they ran on
+    this kind of device; otherwise (a GPU's partial record resumed on a CPU),
+    and for an experiment not started yet, it is the estimate of the declared
+    work (of the units left) at step times probed on this device
+    (:mod:`leakagelib.experiments.estimate`); ``seconds`` is ``None`` when
+    there is no ETA.
     """
     from . import experiments
     from .experiments.estimate import format_duration
@@ -254,6 +258,7 @@ def _plan_line(
     from .experiments.resume import PartialRecord
     from .records import read_record
 
+    data = {**env_data_overrides(), **parse_data_overrides(args.data or [])}
     if out.exists():
         prov = read_record(out)["provenance"]
         where = f"{run_seconds(prov):.1f} s on {prov.get('device_name', '?')}"
@@ -261,11 +266,17 @@ def _plan_line(
     partial_path = out.with_name(out.name + ".partial")
     if partial_path.exists():
         partial = PartialRecord.read(partial_path)
-        eta = partial.estimate()
-        left = "?" if eta is None else f"about {format_duration(eta)} left at the pace so far"
-        line = f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, {left}"
+        head = f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, "
+        eta = partial.estimate(args.device)
+        if eta is not None:
+            return "partial", head + f"about {format_duration(eta)} left at the pace so far", eta
+        found = estimator.of(experiments.get(exp_id), args.scale, data)
+        if found is None or not partial.total:
+            return "partial", head + "time left unknown", None
+        eta = found.seconds * (partial.total - len(partial.units)) / partial.total
+        ran = ", ".join(sorted(str(d) for d in partial.devices()))
+        line = head + f"about {format_duration(eta)} left (estimate here; they ran on {ran})"
         return "partial", line, eta
-    data = {**env_data_overrides(), **parse_data_overrides(args.data or [])}
     found = estimator.of(experiments.get(exp_id), args.scale, data)
     if found is None:
         return "to run", f"{exp_id:28s} to run (no estimate: it declares no work)", None

@@ -13,7 +13,7 @@ import torch
 
 from leakagelib.cli import main
 from leakagelib.experiments import registry
-from leakagelib.experiments.resume import PartialRecord, unit_seed
+from leakagelib.experiments.resume import PartialRecord, data_digests, unit_seed
 from leakagelib.records import IMPORTED_COMMIT, read_record
 
 UNITS = ("a", "b", "c", "d")
@@ -104,6 +104,38 @@ def test_partial_records_are_written_atomically_with_their_pace(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"], "no temporary file left"
 
 
+def test_a_partial_record_resumes_from_a_copy_of_its_data_under_another_path(tmp_path):
+    """Data files are compared by content: a GPU machine's copy of the samples names another path."""
+    files = {}
+    for name, content in (("there", b"samples"), ("here", b"samples"), ("other", b"changed")):
+        files[name] = tmp_path / name / "cifar10.npz"
+        files[name].parent.mkdir()
+        files[name].write_bytes(content)
+
+    def identity(name: str) -> dict:
+        data = {"cifar10": str(files[name])}
+        return {"experiment": "x", "data": data, "data_sha256": data_digests(data)}
+
+    path = tmp_path / "p.json"
+    PartialRecord(path, identity("there"), resume=False).add("u", [{"v": 1.0}], 1.0, total=2)
+    assert PartialRecord(path, identity("here"), resume=True).get("u") == [{"v": 1.0}]
+    with pytest.raises(ValueError, match=r"data: .* \(files compared by content\)"):
+        PartialRecord(path, identity("other"), resume=True)
+    # a partial record written before identities carried data_sha256: its path is hashed here
+    old = json.loads(path.read_text())
+    del old["identity"]["data_sha256"]
+    path.write_text(json.dumps(old))
+    assert PartialRecord(path, identity("here"), resume=True).get("u") == [{"v": 1.0}]
+
+
+def test_the_pace_of_units_run_on_another_device_is_not_this_ones(tmp_path):
+    part = PartialRecord(tmp_path / "p.json", {"experiment": "x"}, resume=False)
+    part.add("a", [{"v": 1.0}], seconds=60.0, total=3, made={"commit": "c", "device": "cuda:0"})
+    assert part.devices() == {"cuda"}
+    assert part.estimate("cuda") == part.estimate() == 120.0
+    assert part.estimate("cpu") is None, "a GPU's pace says nothing about the CPU's"
+
+
 def test_units_saved_without_their_maker_are_listed_with_none():
     """A partial record written before units kept their commit and device still resumes."""
     part = PartialRecord("unused.json", {"experiment": "x"}, resume=False)
@@ -133,6 +165,27 @@ def test_campaign_plans_first_then_runs_the_unfinished_and_resumes_partial_ones(
     assert main(args) == 0
     assert "done (" in capsys.readouterr().out.splitlines()[0]
     assert calls == ["c", "d"], "a finished record is skipped"
+
+
+def test_the_campaign_plan_estimates_a_gpu_partial_record_at_this_devices_pace(tmp_path):
+    """A GPU's partial record resumed on the CPU: the units left at the CPU's estimate, not the GPU's pace."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from leakagelib.cli import _plan_line
+
+    out = tmp_path / "x.json"
+    part = PartialRecord(tmp_path / "x.json.partial", {"experiment": "x"}, resume=False)
+    part.add("a", [{"v": 1.0}], seconds=60.0, total=4, made={"commit": "c", "device": "cuda"})
+    estimator = SimpleNamespace(of=lambda *_: SimpleNamespace(seconds=4000.0))
+    args = Namespace(device="cpu", scale="paper", data=[])
+    status, line, eta = _plan_line("bayes/table2", out, args, estimator)
+    assert (status, eta) == ("partial", 3000.0), "three of four units at the CPU's estimate"
+    assert "estimate here; they ran on cuda" in line
+    status, line, eta = _plan_line(
+        "bayes/table2", out, Namespace(**{**vars(args), "device": "cuda"}), estimator
+    )
+    assert eta == 180.0 and "at the pace so far" in line
 
 
 SLOW_RUN = """

@@ -13,6 +13,11 @@ made it, and the final record lists them (:meth:`PartialRecord.provenance`):
 a resumed run's units may come from several processes, commits or devices.
 ``python -m leakagelib reproduce ID --out F.json`` keeps the partial record
 in ``F.json.partial`` until the final record is written.
+
+A run's identity names its ``--data`` files by path and by content
+(``data_sha256``), and a resume compares the content: a partial record made
+on a GPU machine from a copy of the samples resumes on a CPU machine that
+names them by another path (see ``results/README.md``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from typing import Any
 from .. import records
 from ..records import write_json_atomically
 
-__all__ = ["PartialRecord", "pending_record", "unit_key", "unit_seed"]
+__all__ = [
+    "PartialRecord",
+    "data_digests",
+    "device_kind",
+    "pending_record",
+    "unit_key",
+    "unit_seed",
+]
 
 
 def unit_key(key: Any) -> str:
@@ -38,6 +50,36 @@ def unit_seed(seed: int, key: Any) -> int:
     """The seed of one unit: a hash of the run's seed and the unit's key (63 bits)."""
     digest = hashlib.sha256(f"{seed}|{unit_key(key)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def data_digests(data: dict[str, str]) -> dict[str, str]:
+    """The SHA-256 of each ``--data`` override that names a file (specs that are not files: none)."""
+    digests = {}
+    for name, spec in data.items():
+        path = Path(spec).expanduser()
+        if path.is_file():
+            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def device_kind(device: str | None) -> str | None:
+    """``"cuda"`` for any CUDA device (``"cuda:1"``), else the device as given."""
+    return "cuda" if device is not None and device.startswith("cuda") else device
+
+
+def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
+    """An identity with its data named by content where the content is known.
+
+    A data file is known by the ``data_sha256`` the identity carries, or else
+    (a partial record written before identities carried it) by hashing the
+    file its path names here, if there is one; otherwise by its path.
+    """
+    data = identity.get("data") or {}
+    digests = {**data_digests(data), **identity.get("data_sha256", {})}
+    same = {k: v for k, v in identity.items() if k not in ("data", "data_sha256")}
+    if data:
+        same["data"] = {name: digests.get(name, spec) for name, spec in data.items()}
+    return same
 
 
 class PartialRecord:
@@ -68,13 +110,13 @@ class PartialRecord:
         return partial
 
     def _load(self) -> None:
-        theirs = self._read()
-        differ = sorted(
-            k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k)
-        )
+        theirs, mine = _comparable(self._read()), _comparable(self.identity)
+        differ = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
         if differ:
             details = ", ".join(
-                f"{k}: {theirs.get(k)!r} there, {self.identity.get(k)!r} now" for k in differ
+                f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} now"
+                + (" (files compared by content)" if k == "data" else "")
+                for k in differ
             )
             raise ValueError(
                 f"{self.path} belongs to another run ({details}); resume with the same "
@@ -145,12 +187,20 @@ class PartialRecord:
             "units": units,
         }
 
-    def estimate(self) -> float | None:
+    def devices(self) -> set[str | None]:
+        """The kinds of device (``"cpu"``, ``"cuda"``) that made the finished units (``None``: unknown)."""
+        return {device_kind(self.made.get(key, {}).get("device")) for key in self.units}
+
+    def estimate(self, device: str | None = None) -> float | None:
         """Seconds the unfinished units will take at the mean pace of the finished ones.
 
-        ``None`` before the first unit has finished (the pace is unknown).
+        ``None`` before the first unit has finished (the pace is unknown), or
+        when ``device`` is given and the finished units ran on another one
+        (a GPU's pace says nothing about a CPU's).
         """
         if not self.seconds or self.total is None:
+            return None
+        if device is not None and self.devices() != {device_kind(device)}:
             return None
         left = max(self.total - len(self.units), 0)
         return left * sum(self.seconds.values()) / len(self.seconds)
