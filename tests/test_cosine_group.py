@@ -5,9 +5,8 @@ with one cosine over all of them (eth-sri/bayes-framework-leakage,
 utils/flax_losses.py lines 133–140): ``1 + (−Σ lw⟨x, y⟩) / (√(Σ|x|² + 1e-7) ·
 √(Σ|y|² + 1e-7))``, the sums over the block's updates and layers, ``lw`` on
 the dot product only. These tests hold ours to that formula on random
-tensors, in both code paths (a stacked update's :meth:`grouped_log_prob` and
-the hooked route's :meth:`batched_log_prob`, dense and factored layers), and
-check that ``group=1`` is the cosine as it was.
+tensors, on the hooked route's :meth:`batched_log_prob` (dense and factored
+layers), and check that ``group=1`` is the cosine as it was.
 """
 
 from __future__ import annotations
@@ -63,7 +62,6 @@ def test_group_one_is_the_cosine_as_it_was():
                                              {k: v[j] for k, v in s.items()}, w)
                            for j in range(N)])  # fmt: skip
         assert torch.equal(old, new)
-        assert torch.allclose(Cosine().grouped_log_prob(g, s, w), old, atol=1e-6)
     # the hooked route, per (setting, update, restart), against the old per-update formula
     H, M, w = 2, 3, _weights()
     sim = {k: torch.randn(H, N, M, *v, generator=gen) for k, v in SHAPES.items()}
@@ -79,7 +77,7 @@ def test_group_one_is_the_cosine_as_it_was():
 @pytest.mark.parametrize("placement", ["dot", "vectors"])
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_a_group_is_one_cosine_over_its_block_shared_out(placement, k):
-    """Both paths against the authors' formula over each block; each member gets 1/k of it."""
+    """The hooked route against the authors' formula over each block; each member gets 1/k of it."""
     gen = torch.Generator().manual_seed(k)
     H, N, M, rows = 2, 6, 3, 2
     w = _weights()
@@ -97,9 +95,6 @@ def test_a_group_is_one_cosine_over_its_block_shared_out(placement, k):
                 block = range(start, start + k)
                 ref = _authors(g, {n: v[h, :, m] for n, v in s.items()}, w[h], block, placement)
                 assert torch.allclose(out[h, start : start + k, m], ref / k, atol=1e-6)
-        one = {n: v[h, :, 0] for n, v in s.items()}  # the stacked-update path, restart 0
-        got = lik.grouped_log_prob(g, one, w[h])
-        assert torch.allclose(got, out[h, :, 0], atol=1e-6)
 
 
 def test_block_objective_gradient_is_the_authors_through_the_attack_objective():
@@ -161,8 +156,8 @@ def test_updates_that_do_not_fill_whole_blocks_are_refused_early():
     lik = Cosine(group=4)
     g = {n: torch.randn(6, *v) for n, v in SHAPES.items()}
     with pytest.raises(ValueError, match=r"group=4.*N = 6 updates, not a multiple of 4"):
-        lik.grouped_log_prob(g, g, torch.ones(len(NAMES)))
-    with pytest.raises(ValueError, match="grouped_log_prob"):
+        lik.check_updates(6)
+    with pytest.raises(ValueError, match="use batched_log_prob"):
         lik.log_prob({n: v[0] for n, v in g.items()}, {n: v[0] for n, v in g.items()},
                      torch.ones(len(NAMES)))  # fmt: skip
     with pytest.raises(ValueError, match="group must be a positive integer"):

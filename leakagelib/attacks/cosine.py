@@ -155,7 +155,7 @@ class Cosine(Likelihood):
         if self.group != 1:
             raise ValueError(
                 f"Cosine(group={self.group}) compares blocks of updates, and log_prob sees one: "
-                "use grouped_log_prob, or batched_log_prob (the hooked engine)"
+                "use batched_log_prob (the hooked engine)"
             )
         keys = list(observed)
         a, b = cosine_factors(weights.to(observed[keys[0]].dtype), self.placement)
@@ -163,21 +163,6 @@ class Cosine(Likelihood):
         n_obs = sum(b[i] * observed[k].pow(2).sum() for i, k in enumerate(keys))
         n_sim = sum(b[i] * simulated[k].pow(2).sum() for i, k in enumerate(keys))
         return dot / ((n_obs + self.eps).sqrt() * (n_sim + self.eps).sqrt()) - 1.0
-
-    def grouped_log_prob(self, observed: Update, simulated: Update, weights: Tensor) -> Tensor:
-        """The value of each of ``N`` stacked updates (``N``): a block's cosine, shared out.
-
-        ``observed`` and ``simulated`` are stacked updates (every tensor
-        ``N × shape``), ``weights`` one per parameter tensor as for
-        :meth:`log_prob`, which this equals update by update with ``group=1``.
-        """
-        keys = list(observed)
-        self.check_updates(next(iter(observed.values())).shape[0])
-        a, b = cosine_factors(weights.to(observed[keys[0]].dtype), self.placement)
-        dot = sum(a[i] * (observed[k] * simulated[k]).flatten(1).sum(1) for i, k in enumerate(keys))
-        n_obs = sum(b[i] * observed[k].pow(2).flatten(1).sum(1) for i, k in enumerate(keys))
-        n_sim = sum(b[i] * simulated[k].pow(2).flatten(1).sum(1) for i, k in enumerate(keys))
-        return self._value(dot, n_obs, n_sim, axis=0)
 
     def batched_log_prob(
         self, observed: Observed, simulated: Simulated, weighted: Weighted
