@@ -25,9 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torchvision.transforms.v2.functional as TF
 from torch import Tensor
-from torchvision.transforms import InterpolationMode
 
 __all__ = ["POLICY_TABLE", "ATSAugmentation", "parse_policy"]
 
@@ -82,6 +80,9 @@ def _from_uint8(img: Tensor) -> Tensor:
 
 def _apply(op: str, m: float, img: Tensor, sign: float) -> Tensor:
     """One operation on a C×H×W image in [0, 1]; ``sign`` is the random ±1 of signed magnitudes."""
+    import torchvision.transforms.v2.functional as TF  # here, not above: loads torch._dynamo (s)
+    from torchvision.transforms import InterpolationMode
+
     nearest, bicubic = InterpolationMode.NEAREST, InterpolationMode.BICUBIC
     h, w = img.shape[-2:]
     if op in ("shearX", "shearY"):
@@ -96,21 +97,12 @@ def _apply(op: str, m: float, img: Tensor, sign: float) -> Tensor:
             interpolation=bicubic,
             fill=0.0,
         ).clamp(0, 1)
-    if op == "translateX":
+    if op in ("translateX", "translateY"):
+        shift = [round(m * w * sign), 0] if op == "translateX" else [0, round(m * h * sign)]
         return TF.affine(
             img,
             angle=0.0,
-            translate=[round(m * w * sign), 0],
-            scale=1.0,
-            shear=[0.0, 0.0],
-            interpolation=nearest,
-            fill=0.0,
-        )
-    if op == "translateY":
-        return TF.affine(
-            img,
-            angle=0.0,
-            translate=[0, round(m * h * sign)],
+            translate=shift,
             scale=1.0,
             shear=[0.0, 0.0],
             interpolation=nearest,
@@ -193,7 +185,7 @@ class ATSAugmentation:
             left = int(torch.randint(0, 9, (), generator=g))
             img = padded[:, top : top + h, left : left + w]
             if rand() < 0.5:
-                img = TF.horizontal_flip(img)
+                img = img.flip(-1)  # a horizontal flip
         seq = self.sequences[int(torch.randint(0, len(self.sequences), (), generator=g))]
         for index in seq:
             op, level = POLICY_TABLE[index]

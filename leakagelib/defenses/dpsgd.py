@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from opacus.accountants import RDPAccountant
 from torch import Tensor, nn
 
 from ..attacks.likelihoods import LayerSelection, Likelihood
@@ -91,10 +90,18 @@ def epsilon_spent(noise_multiplier: float, sample_rate: float, steps: int, delta
         return 0.0
     if sigma == 0:
         return float("inf")
-    accountant = RDPAccountant()
+    accountant = _rdp_accountant()
     for _ in range(count):
         accountant.step(noise_multiplier=sigma, sample_rate=q)
     return float(accountant.get_epsilon(delta=d))
+
+
+def _rdp_accountant() -> Any:
+    """A fresh ``opacus.accountants.RDPAccountant``, imported on first use (Opacus takes
+    seconds to import, which every chapter importing leakagelib.defenses would otherwise pay)."""
+    from opacus.accountants import RDPAccountant
+
+    return RDPAccountant()
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,7 @@ class DPSGD(GradientDefense):
         self.max_grad_norm = require("max_grad_norm", max_grad_norm, lambda v: v > 0, _NORM)
         self.sample_rate = require("sample_rate", sample_rate, lambda v: 0 < v <= 1, _RATE)
         self.delta = require("delta", delta, lambda v: 0 < v < 1, _DELTA)
-        self.accountant = RDPAccountant()
+        self.accountant = _rdp_accountant()
         self.steps = 0
         self._batch = (
             None

@@ -1,0 +1,109 @@
+"""The command line's argument checks: every user error is found before any work starts.
+
+Each raises :class:`UsageError`, which :func:`leakagelib.cli.main` turns into
+exit status 2 and one line naming the argument and the fix (issue 11's
+reliability checks; tests/test_cli.py holds one test per kind of bad input).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    """A bad command line, found before any work starts (exit status 2, one line)."""
+
+
+#: Seeds are fed to ``torch.Generator.manual_seed`` after scaling (see ``Context.generator``).
+MAX_SEED = 2**31 - 1
+
+
+def check_out(out: str) -> Path:
+    """The record path ``out``, checked: a file path whose folder exists or can be made, writable."""
+    path = Path(out).expanduser()
+    if path.is_dir() or out.endswith(("/", os.sep)):
+        raise UsageError(
+            f"--out {out!r} is a directory; give a file path such as {out.rstrip('/')}/record.json"
+        )
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out!r}: {existing} is a file, so the folder cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out!r}: the folder {existing} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--out {out!r} exists and is not writable")
+    return path
+
+
+def check_device(device: str) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N`` with that GPU present."""
+    import torch
+
+    if device == "cpu":
+        return
+    head, _, index = device.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise UsageError(f"--device {device!r} is not one of cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {device!r}: CUDA is not available on this machine; use --device cpu"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise UsageError(
+            f"--device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)"
+        )
+
+
+def check_data(exp_id: str, overrides: dict[str, str], source: str) -> None:
+    """Every overridden dataset name is one the experiment uses; every path exists.
+
+    ``$LEAKAGELIB_DATA`` serves every run (chapters included), so its names
+    need only be known to some experiment: that still catches a typo.
+    """
+    from . import experiments
+    from .experiments.registry import known_datasets
+
+    if source == "--data":
+        check_names(
+            overrides,
+            experiments.get(exp_id).datasets,
+            f"which {exp_id} does not use; it uses",
+            source,
+        )
+    else:
+        check_names(overrides, known_datasets(), "which no experiment uses; known:", source)
+
+
+def check_names(overrides: dict[str, str], uses: Sequence[str], who: str, source: str) -> None:
+    """Each name of ``overrides`` is in ``uses`` (when it names any) and each path is a file."""
+    for logical, spec in overrides.items():
+        if uses and logical not in uses:
+            raise UsageError(f"{source} names dataset {logical!r}, {who} {', '.join(uses)}")
+        looks_like_path = spec.endswith(".npz") or os.sep in spec
+        if looks_like_path and not Path(spec).expanduser().is_file():
+            raise UsageError(f"{source} {logical}={spec}: no such file")
+
+
+def campaign_data(ids: Sequence[str], items: Sequence[str]) -> dict[str, list[str]]:
+    """Each campaign experiment's share of ``--data``, checked once before any work.
+
+    A campaign's ``--data`` serves all of its experiments: a name must be one
+    that some of them uses (a typo still fails at once, not hours later), and
+    each experiment is handed only the names it uses, so that the checks of
+    its own run pass and its partial record's identity names only its data.
+    """
+    from . import experiments
+    from .experiments.registry import parse_data_overrides
+
+    given = parse_data_overrides(items)
+    used = sorted({name for exp_id in ids for name in experiments.get(exp_id).datasets})
+    check_names(given, used, "which none of this campaign's experiments uses; they use", "--data")
+    return {
+        exp_id: [f"{k}={v}" for k, v in given.items() if k in experiments.get(exp_id).datasets]
+        for exp_id in ids
+    }
