@@ -24,7 +24,7 @@ from leakagelib.experiments.work import KINDS, Load, Net
 TINY = Net("tiny-mlp", lambda: models.build("mlp", (1, 8, 8), 10, widths=(16,)), (1, 8, 8))
 
 #: Seconds per image of a step of each kind that the fake probe answers.
-FAKE = {"attack": 0.01, "train": 0.005, "forward": 0.001, "solve": 2.0}
+FAKE = {"attack": 0.01, "train": 0.005, "forward": 0.001, "solve": 2.0, "diagnose": 7.0}
 
 
 @pytest.fixture
@@ -201,7 +201,7 @@ def test_wide_batches_are_extrapolated_linearly_from_two_images_and_the_cap(monk
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_probes_time_real_steps(kind, monkeypatch):
     monkeypatch.setattr(estimate, "PROBE_SECONDS", 0.01)
-    net = solve_net((1, 8, 8), "logreg", ()) if kind == "solve" else TINY
+    net = solve_net((1, 8, 8), "logreg", ()) if kind in ("solve", "diagnose") else TINY
     assert estimate.step_seconds(net, kind, 2, "cpu") > 0
 
 

@@ -44,13 +44,21 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _History:
-    """Each attack's last ``m`` curvature pairs (oldest first), its step and its last gradient."""
+    """Each attack's last ``m`` curvature pairs, its step and its last gradient.
+
+    The pairs sit in a ring per attack: ``pos`` is the slot the next pair
+    goes to and ``count`` how many are stored, so a new pair is one indexed
+    write of its attacks' rows, not a shift of the whole ``attacks × m × dim``
+    history (which, at 100 attacks of 3×32×32 images, had cost more than the
+    objective evaluations themselves).
+    """
 
     def __init__(self, attacks: int, dim: int, m: int, like: Tensor) -> None:
         self.s = like.new_zeros((attacks, m, dim))
         self.y = like.new_zeros((attacks, m, dim))
         self.rho = like.new_zeros((attacks, m))
         self.count = torch.zeros(attacks, dtype=torch.long, device=like.device)
+        self.pos = torch.zeros(attacks, dtype=torch.long, device=like.device)
         self.h_diag = like.new_ones(attacks)
         self.d = like.new_zeros((attacks, dim))
         self.t = like.new_zeros(attacks)
@@ -63,27 +71,40 @@ class _History:
         y, s = g - self.prev_g, self.d * self.t[:, None]
         ys = _dot(y, s)
         keep = keep & (ys > CURVATURE_MIN)
-        m = self.s.shape[1]
-        full = (keep & (self.count == m))[:, None, None]
-        self.s, self.y = (torch.where(full, b.roll(-1, 1), b) for b in (self.s, self.y))
-        self.rho = torch.where(full[:, :, 0], self.rho.roll(-1, 1), self.rho)
-        slot = torch.nn.functional.one_hot(self.count.clamp(max=m - 1), m).bool() & keep[:, None]
-        self.s = torch.where(slot[..., None], s[:, None], self.s)
-        self.y = torch.where(slot[..., None], y[:, None], self.y)
-        self.rho = torch.where(slot, 1.0 / ys[:, None], self.rho)
-        self.count = torch.where(keep, (self.count + 1).clamp(max=m), self.count)
+        rows = keep.nonzero().squeeze(1)
+        if rows.numel():
+            slot = self.pos[rows]
+            self.s[rows, slot] = s[rows]
+            self.y[rows, slot] = y[rows]
+            self.rho[rows, slot] = 1.0 / ys[rows]
+            self.pos[rows] = (slot + 1) % self.s.shape[1]
+            self.count[rows] = (self.count[rows] + 1).clamp(max=self.s.shape[1])
         self.h_diag = torch.where(keep, ys / _dot(y, y), self.h_diag)
 
+    def _pairs(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """``(s, y, ρ)`` of every attack, oldest first; ρ = 0 past an attack's ``count``."""
+        m, rows = self.s.shape[1], torch.arange(self.s.shape[0], device=self.s.device)
+        stored = int(self.count.max())
+        pairs = []
+        for i in range(stored):
+            age = stored - i  # the i-th oldest of ``stored`` is ``age`` writes back
+            slot = (self.pos - age) % m
+            valid = age <= self.count
+            pairs.append((self.s[rows, slot], self.y[rows, slot],
+                          torch.where(valid, self.rho[rows, slot], 0.0)))  # fmt: skip
+        return pairs
+
     def direction(self, g: Tensor) -> Tensor:
-        """``−H g`` by the two-loop recursion (empty slots have ρ = 0 and do nothing)."""
+        """``−H g`` by the two-loop recursion (pairs an attack does not hold have ρ = 0)."""
+        pairs = self._pairs()
         q, alpha = -g, []
-        for i in reversed(range(self.s.shape[1])):
-            alpha.append(self.rho[:, i] * _dot(self.s[:, i], q))
-            q = q - alpha[-1][:, None] * self.y[:, i]
+        for s, y, rho in reversed(pairs):
+            alpha.append(rho * _dot(s, q))
+            q = q - alpha[-1][:, None] * y
         r = q * self.h_diag[:, None]
-        for i, a in zip(range(self.s.shape[1]), reversed(alpha), strict=True):
-            beta = self.rho[:, i] * _dot(self.y[:, i], r)
-            r = r + self.s[:, i] * (a - beta)[:, None]
+        for (s, y, rho), a in zip(pairs, reversed(alpha), strict=True):
+            beta = rho * _dot(y, r)
+            r = r + s * (a - beta)[:, None]
         return r
 
 

@@ -137,8 +137,10 @@ def _forward_step(net: Net, batch: int, device: str) -> float:
     return watch.run(loop)
 
 
-def _solves(net: Net, images: int, device: str) -> float:
+def _solves(net: Net, images: int, device: str, *, diagnostics: bool = False) -> float:
     """Seconds of R-GAP solving ``images`` random images one by one on ``net`` (one logit, float64).
+
+    ``diagnostics`` as :func:`leakagelib.rgap.rgap`'s (a ``"diagnose"`` load).
 
     The first solve also builds the sparsity patterns R-GAP caches per layer
     shape; when it is short (under ten :data:`PROBE_SECONDS`), a second one
@@ -157,7 +159,8 @@ def _solves(net: Net, images: int, device: str) -> float:
 
     def solve() -> float:
         start = time.perf_counter()
-        rgap(case.model, case.updates, case.labels, input_shape=net.in_shape)
+        rgap(case.model, case.updates, case.labels, input_shape=net.in_shape,
+             diagnostics=diagnostics)  # fmt: skip
         return time.perf_counter() - start
 
     first = solve()
@@ -175,12 +178,12 @@ _PROBES: dict[str, Callable[[Net, int, str], float]] = {
 def step_seconds(net: Net, kind: str, images: int, device: str) -> float:
     """Seconds one step of ``kind`` on ``images`` images of ``net`` takes on ``device`` (probed).
 
-    A solve step is ``images`` solves of one image each. Batches above
+    A solve (or diagnose) step is ``images`` solves of one image each. Batches above
     :data:`PROBE_CAPS` are extrapolated linearly from two images (batch norm
     needs two to train) and the cap.
     """
-    if kind == "solve":
-        return _solves(net, images, device)
+    if kind in ("solve", "diagnose"):
+        return _solves(net, images, device, diagnostics=kind == "diagnose")
     probe, cap = _PROBES[kind], PROBE_CAPS[kind]
     if images <= cap:
         return probe(net, images, device)
@@ -241,8 +244,9 @@ def _step_time(seconds: float) -> str:
 
 def _describe_load(net: str, kind: str, images: int, steps: int, seconds: float) -> str:
     """One load's totals: ``cvb-cnn: 80,000 attack steps of 128 images at 625 ms each``."""
-    if kind == "solve":
-        return f"{net}: {_plural(steps * images, 'R-GAP solve')} at {_step_time(seconds / images)} each"
+    if kind in ("solve", "diagnose"):
+        what = "R-GAP solve" + (" with diagnostics" if kind == "diagnose" else "")
+        return f"{net}: {_plural(steps * images, what)} at {_step_time(seconds / images)} each"
     return (
         f"{net}: {_plural(steps, kind + ' step')} of {_plural(images, 'image')} "
         f"at {_step_time(seconds)} each"

@@ -63,14 +63,18 @@ CONFIG = ScaleConfig(
 )
 
 
-def cell_work(ctx: Context, dataset: str, name: str, **options: Any) -> list[Load]:
+def cell_work(
+    ctx: Context, dataset: str, name: str, *, diagnostics: bool = False, **options: Any
+) -> list[Load]:
     """A cell's declared work (Tables 1 and 2, :mod:`.rgap_lenet`): R-GAP exact and reference on
-    every victim; DLG (``dlg_steps`` L-BFGS steps) and R-GAP → DLG (``refine_steps``) on all."""
+    every victim (the exact one with its diagnostics for Table 2's condition numbers:
+    ``diagnostics``); DLG (``dlg_steps`` L-BFGS steps) and R-GAP → DLG (``refine_steps``)."""
     shape, n, cfg = DATASETS[dataset], ctx.config.victims, ctx.config
-    net = dlg_net(shape, name, **options)
+    net, solver = dlg_net(shape, name, **options), solve_net(shape, name, **options)
     dlg = Load(net, "attack", n, cfg.dlg_steps * LBFGS_EVALUATIONS)
     refine = Load(net, "attack", n, cfg.refine_steps * LBFGS_EVALUATIONS)
-    return [Load(solve_net(shape, name, **options), "solve", n, 2), dlg, refine]
+    exact = Load(solver, "diagnose" if diagnostics else "solve", n)
+    return [exact, Load(solver, "solve", n), dlg, refine]
 
 
 def _table1_row(dataset: str, model: str, attack: str, mse: float, std: float) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def _table2_work(ctx: Context, name: str) -> list[Load]:
     """Table 1's loads of a cell, plus DLG in its own setting (``dlg_steps``) on ``own_victims``."""
     cfg = ctx.config
     own = Load(_dlg_own_net(name), "attack", cfg.own_victims, cfg.dlg_steps * LBFGS_EVALUATIONS)
-    return [*cell_work(ctx, "cifar10", name, bias=False, init="torch"), own]
+    cell = cell_work(ctx, "cifar10", name, diagnostics=True, bias=False, init="torch")
+    return [*cell, own]
 
 
 def dlg_own_setting(

@@ -12,7 +12,10 @@ so many images, of one *kind* on one model (:class:`Net`):
   :data:`LBFGS_EVALUATIONS` of them per step, and is counted at that maximum);
 * ``"train"``: one optimiser step of training on a batch;
 * ``"forward"``: one evaluation pass (accuracy, validation loss);
-* ``"solve"``: one R-GAP closed-form solve per image (``images`` solves).
+* ``"solve"``: one R-GAP closed-form solve per image (``images`` solves);
+* ``"diagnose"``: the same with R-GAP's diagnostics (``diagnostics=True``:
+  each layer's exact rank and condition number, which take several times
+  the solve itself; Table 2's condition numbers).
 
 The counts come from ``ctx.config`` and the sizes of the data (:func:`split_size`);
 nothing is trained or attacked. :mod:`.estimate` turns them into seconds with
@@ -47,7 +50,7 @@ __all__ = [
 ]
 
 #: The kinds of step a :class:`Load` counts (module docstring).
-KINDS = ("attack", "train", "forward", "solve")
+KINDS = ("attack", "train", "forward", "solve", "diagnose")
 
 #: Objective evaluations counted per L-BFGS step: the ``lbfgs_iterations`` default of
 #: :class:`leakagelib.attacks.AttackConfig` (20 inner iterations; it may stop earlier).
