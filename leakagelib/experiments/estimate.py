@@ -245,8 +245,9 @@ def _step_time(seconds: float) -> str:
 def _describe_load(net: str, kind: str, images: int, steps: int, seconds: float) -> str:
     """One load's totals: ``cvb-cnn: 80,000 attack steps of 128 images at 625 ms each``."""
     if kind in ("solve", "diagnose"):
-        what = "R-GAP solve" + (" with diagnostics" if kind == "diagnose" else "")
-        return f"{net}: {_plural(steps * images, what)} at {_step_time(seconds / images)} each"
+        what = _plural(steps * images, "R-GAP solve")
+        what += " with diagnostics" if kind == "diagnose" else ""
+        return f"{net}: {what} at {_step_time(seconds / images)} each"
     return (
         f"{net}: {_plural(steps, kind + ' step')} of {_plural(images, 'image')} "
         f"at {_step_time(seconds)} each"
