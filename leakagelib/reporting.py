@@ -89,17 +89,30 @@ def _index(rows: Iterable[Mapping[str, Any]], on: Sequence[str]) -> dict[tuple, 
 
 def results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
     """The paper-scale record in ``results/``, or the finished units of a pending one, and a
-    note saying how many units a pending record has (else ``""``): what :func:`compare` shows,
-    for chapters that discuss the record beside the paper (``(None, "")`` where there is none)."""
+    note saying how many units a pending record has and which registered settings its run
+    changed (``reproduce --set``, e.g. fewer victims on a CPU; else ``""``): what
+    :func:`compare` shows, for chapters that discuss the record beside the paper
+    (``(None, "")`` where there is none)."""
     from .experiments.resume import pending_record
     from .records import paper_record
 
     record = paper_record(experiment_id)
     partial = pending_record(experiment_id) if record is None else None
     if partial is None:
-        return record, ""
+        used = {k: v["used"] for k, v in (record or {}).get("settings_changed", {}).items()}
+        return record, _changed_note(used)
     rows = [row for rows in partial.units.values() for row in rows]
-    return {"rows": rows}, f" (record pending: {len(partial.units)} of {partial.total} units run)"
+    note = f" (record pending: {len(partial.units)} of {partial.total} units run)"
+    return {"rows": rows}, note + _changed_note(partial.identity.get("changes", {}))
+
+
+def _changed_note(changes: Mapping[str, Any]) -> str:
+    """`` (the record's run changed victims to 32)`` for settings a record's run changed."""
+    if not changes:
+        return ""
+    return (
+        " (the record's run changed " + ", ".join(f"{k} to {v!r}" for k, v in changes.items()) + ")"
+    )
 
 
 def compare(

@@ -294,3 +294,25 @@ def test_a_chapters_comparison_shows_the_finished_units_of_a_pending_record(tmp_
     laplacian = next(r for r in table.rows if r["defense"] != "gaussian")
     assert laplacian["psnr_tv (record)"] == reporting.MISSING, "an unfinished unit has no row"
     assert table.caption.endswith("(record pending: 1 of 4 units run)")
+
+
+def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_path, monkeypatch):
+    """A CPU run with fewer victims (``reproduce --set victims=32``): the caption says so."""
+    from leakagelib.experiments.resume import PartialRecord
+
+    monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
+    path = tmp_path / "bayes-table5-priors.json.partial"
+    identity = {"scale": "paper", "seed": 0, "changes": {"victims": 32}}
+    PartialRecord(path, identity, resume=False).add("gaussian", [{"defense": "gaussian"}], 6.0, 4)
+    table = reporting.compare("bayes/table5-priors", None, on=["defense"], values=["psnr_tv"])
+    assert table.caption.endswith(
+        "(record pending: 1 of 4 units run) (the record's run changed victims to 32)"
+    )
+    path.unlink()
+    record = {"experiment": "bayes/table5-priors", "scale": "paper", "rows": [],
+              "provenance": {"device": "cpu", "wall_seconds": 3.0, "seed": 0, "commit": "abc"},
+              "settings_changed": {"victims": {"registered": 100, "used": 16}}}  # fmt: skip
+    (tmp_path / "bayes-table5-priors.json").write_text(json.dumps(record))
+    assert reporting.results_record("bayes/table5-priors")[1] == (
+        " (the record's run changed victims to 16)"
+    )
