@@ -19,7 +19,7 @@ Table 2's DLG is run in both settings on the same victims:
   with torch's stopping tolerances (DLG's ``main.py``), float32, each
   image its own L-BFGS (``per_attack``; until issue #14 the 100 images'
   objectives were summed into one L-BFGS, which mixes their curvature
-  pairs, step lengths and stopping tests: that record had 0.11 and
+  pairs, step lengths and stopping tests: the record made so had 0.11 and
   0.077). R-GAP → DLG (``mse_rgap_dlg``) can only run here: it starts
   from R-GAP's reconstruction of this update.
 * ``mse_dlg_own`` — DLG's own benchmark setting (:func:`dlg_own_setting`):
@@ -80,7 +80,7 @@ from ..rgap import rgap
 from .case import Case, build_case
 from .registry import Context, experiment
 from .rgap_closed_form import CONFIG, cell_work, dlg_and_refine, reference_rgap
-from .rgap_common import DATASETS, labels_mu_negative, logistic_case, zoo_model
+from .rgap_common import DATASETS, labels_mu_negative, logistic_case, mse_summary, zoo_model
 from .work import LBFGS_EVALUATIONS, Load, Net
 
 #: DLG's own benchmark setting (Zhu et al. 2019, mit-han-lab/dlg, ``main.py`` and
@@ -157,6 +157,8 @@ def _table2_row(model: str, conds: tuple, dlg: float, rgap_: float, both: float)
         "cond_conv3",
         "mse_dlg",
         "mse_dlg_own",
+        "mse_dlg_recovered",
+        "mse_dlg_own_recovered",
         "mse_rgap",
         "mse_rgap_dlg",
     ),
@@ -182,7 +184,10 @@ def table2_lenet(ctx: Context) -> list[dict]:
     averages over), and mse_rgap_reference (R-GAP as the authors' code computes it,
     :func:`reference_rgap`; the paper has no such column). Every MSE is the
     mean over the victims of the per-pixel mean squared error on images in
-    [0, 1] (neither R-GAP's code nor DLG's normalises: both feed
+    [0, 1]; beside each, its ``_std``, ``_median``, ``_recovered`` (the share
+    of images at MSE ≤ 1e-4, "visually undetectable" by §5) and
+    ``_per_image`` (:func:`~.rgap_common.mse_summary`: DLG diverges on some
+    images, and a mean over them says nothing of the others) (neither R-GAP's code nor DLG's normalises: both feed
     ``ToTensor()`` images). R-GAP's copy of DLG's LeNet: bias-free, one logit,
     PyTorch's initialisation (see ``leakagelib.models.dlg_nets``), on
     ``cifar10`` images (3×32×32). One unit per model.
@@ -206,10 +211,12 @@ def table2_lenet(ctx: Context) -> list[dict]:
         own_case, by_own = dlg_own_setting(ctx, name, x[own], data.labels[own], cfg.dlg_steps)
         conds = [[layer.condition for layer in found.layers[:3]] for found in by_rgap.details]
         cond = torch.tensor(conds, dtype=torch.float64).mean(dim=0).tolist()
-        mse = [float(case.score(res, "mse").mean()) for res in (by_dlg, by_rgap, by_both, by_ref)]
-        row = _table2_row(name, tuple(cond), *mse[:3])
-        row["mse_dlg_own"] = float(own_case.score(by_own, "mse").mean())
-        extra = {"mse_rgap_reference": mse[3], "n": len(x), "n_dlg_own": len(x[own])}
-        return [{**row, **extra}]
+        row: dict[str, Any] = {"model": name}
+        row.update({f"cond_conv{i}": c for i, c in enumerate(cond, start=1)})
+        for column, result in (("dlg", by_dlg), ("rgap", by_rgap), ("rgap_dlg", by_both),
+                               ("rgap_reference", by_ref)):  # fmt: skip
+            row.update(mse_summary(case.score(result, "mse"), f"mse_{column}"))
+        row.update(mse_summary(own_case.score(by_own, "mse"), "mse_dlg_own"))
+        return [{**row, "n": len(x), "n_dlg_own": len(x[own])}]
 
     return ctx.units(("lenet", "lenet-leaky"), unit, "Table 2")
