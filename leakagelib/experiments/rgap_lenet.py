@@ -184,11 +184,12 @@ def table2_lenet(ctx: Context) -> list[dict]:
     averages over), and mse_rgap_reference (R-GAP as the authors' code computes it,
     :func:`reference_rgap`; the paper has no such column). Every MSE is the
     mean over the victims of the per-pixel mean squared error on images in
-    [0, 1]; beside each, its ``_std``, ``_median``, ``_recovered`` (the share
-    of images at MSE ≤ 1e-4, "visually undetectable" by §5) and
-    ``_per_image`` (:func:`~.rgap_common.mse_summary`: DLG diverges on some
-    images, and a mean over them says nothing of the others) (neither R-GAP's code nor DLG's normalises: both feed
-    ``ToTensor()`` images). R-GAP's copy of DLG's LeNet: bias-free, one logit,
+    [0, 1] (neither R-GAP's code nor DLG's normalises: both feed
+    ``ToTensor()`` images); beside each, its ``_std``, ``_median``,
+    ``_recovered`` (the share of images at MSE ≤ 1e-4, "visually
+    undetectable" by §5) and ``_per_image`` (:func:`~.rgap_common.mse_summary`:
+    DLG runs away on some images, and a mean over them says nothing of the
+    others). R-GAP's copy of DLG's LeNet: bias-free, one logit,
     PyTorch's initialisation (see ``leakagelib.models.dlg_nets``), on
     ``cifar10`` images (3×32×32). One unit per model.
 

@@ -153,7 +153,7 @@ def _table3_work(ctx: Context) -> list[list[Load]]:
         "mse_recovered",
         "mse_rgap",
         "local_deficiency",
-    ),  # fmt: skip
+    ),
     config=TABLE3_CONFIG,
     reference=[
         _figure2_column(1, -484, 4.2e-9, 2.2e-9),
