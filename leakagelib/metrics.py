@@ -29,6 +29,7 @@ import torch
 __all__ = [
     "MINMAX_EPS",
     "asr",
+    "load_lpips",
     "lpips_distance",
     "lpips_minmax",
     "mean_psnr",
@@ -242,6 +243,16 @@ def _lpips_model(net: str, device: torch.device, download: bool) -> torch.nn.Mod
             ) from error
         _LPIPS_MODELS[key] = model.to(device).eval()
     return _LPIPS_MODELS[key]
+
+
+def load_lpips(net: str = "alex", *, download: bool = False) -> None:
+    """Load LPIPS's ``net`` backbone now (downloading it only with ``download=True``), or raise.
+
+    A run that reports LPIPS calls this before its attacks (the CVB
+    experiments with ``--set lpips=True``, :mod:`leakagelib.experiments.cvb_common`), so that
+    missing weights stop it at once with the file to fetch, not after hours of work.
+    """
+    _lpips_model(net, torch.device("cpu"), download)
 
 
 def _lpips(

@@ -42,6 +42,7 @@ METRICS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "psnr_minmax": metrics.psnr_minmax,
     "mse_minmax": metrics.mse_minmax,
     "ssim_minmax": metrics.ssim_minmax,
+    "lpips_minmax": metrics.lpips_minmax,
 }
 
 

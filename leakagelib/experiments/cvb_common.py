@@ -15,8 +15,9 @@ with its label term, weighted like the TV per architecture
 schedule, early stopping and the best iterate (:func:`cvb_attack`).
 Against PRECODE and CVB the "ignore" attack reads only the gradients before
 the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
-SSIM ≥ 0.5) use min–max rescaled images, as the authors' ``Scaled*`` metrics
-do. Utility is the test accuracy of FedAvg training at its best round
+SSIM ≥ 0.5), and the PSNR, MSE and LPIPS of the supplementary Tables
+VIII–XII, use min–max rescaled images, as the authors' ``Scaled*`` metrics
+do (:mod:`.cvb_quality`). Utility is the test accuracy of FedAvg training at its best round
 (:func:`~.cvb_data.fedavg_accuracy`, :func:`leakagelib.fedavg.federated_averaging`).
 
 The protocol's numbers at both scales are :data:`ATTACK` and :data:`TRAINING`;
@@ -27,7 +28,7 @@ authors' 3×32×32 (resized, grey channel repeated). At paper scale: 128 victim
 images, at most 20,000 IG iterations, 300 rounds with patience 40.
 
 The experiments live in :mod:`.cvb_precode` (Tables I–II), :mod:`.cvb_defenses`
-(Tables III–IV, Fig. 9) and :mod:`.cvb_architectures` (Tables V–VII); the
+(Tables III–IV), :mod:`.cvb_hyperparams` (Fig. 9) and :mod:`.cvb_architectures` (Tables V–VII); the
 chapter "Variational bottlenecks" runs them and builds its own analyses with
 :mod:`.cvb_analysis`. Each of them runs its table's cells as units
 (:meth:`~leakagelib.experiments.Context.units`, one attack and its training
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .. import metrics, models
+from .. import models
 from ..attacks import Attack, AttackResult, preset
 from ..defenses import (
     DPSGD,
@@ -57,7 +58,6 @@ from ..defenses import (
     epsilon_spent,
 )
 from ..defenses.bottlenecks import bottlenecks
-from ..records import image_lists
 from .case import Case, build_case
 from .config import ScaleConfig, Settings
 from .cvb_data import Victims, fedavg_accuracy, load_victims, to_rgb32, with_victims
@@ -89,7 +89,6 @@ __all__ = [
     "reference_rows",
     "run_attack",
     "scale_note",
-    "ssim_row",
     "to_rgb32",
     "training_loads",
     "with_victims",
@@ -320,24 +319,6 @@ def run_attack(
     torch.manual_seed(ctx.seed + offset)
     case = build_case(model, *victims, defense=defense, generator=generator, device=ctx.device)
     return case, case.attack(attack, generator=generator, callback=callback)
-
-
-def ssim_row(
-    case: Case, result: AttackResult, *, pictures: int = 0, **fields: Any
-) -> dict[str, Any]:
-    """``fields`` with the attack's mean SSIM, its standard deviation and its ASR (min–max).
-
-    ``pictures`` > 0 adds the first that many victims and their reconstructions
-    (``{"original": ..., "reconstruction": ...}``, :func:`leakagelib.records.image_lists`):
-    the example reconstructions of the CVB paper's Figs. 10 and 12 (Tables V and VI).
-    """
-    ssim = case.score(result, "ssim_minmax")
-    std = float(ssim.std()) if ssim.numel() > 1 else 0.0
-    row = {**fields, "ssim": float(ssim.mean()), "ssim_std": std, "asr": metrics.asr(ssim)}
-    if pictures > 0:
-        shown = {"original": case.images, "reconstruction": case.reconstructions(result)}
-        row["pictures"] = {k: image_lists(v[:pictures]) for k, v in shown.items()}
-    return row
 
 
 def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:

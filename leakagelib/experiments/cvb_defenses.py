@@ -1,11 +1,11 @@
-"""CVB paper Tables III–IV and Fig. 9: CVB against three attacks and other defenses; its knobs.
+"""CVB paper Tables III–IV: CVB against three attacks and against other defenses.
 
 Table III attacks the CNN with and without CVB by iDLG, CPL and Inverting
 Gradients; Table IV compares CVB with DP-SGD, gradient compression and
-PRECODE on privacy and accuracy (its Fig. 11 plots the same numbers);
-Fig. 9 varies CVB's position, kernel size, scale and β one at a time.
-Protocol and machinery: :mod:`.cvb_common`. Run by the chapter "Variational
-bottlenecks".
+PRECODE on privacy and accuracy (its Fig. 11 plots the same numbers).
+Fig. 9 is :mod:`.cvb_hyperparams`. Protocol and machinery: :mod:`.cvb_common`
+and :mod:`.cvb_quality`. Run by the chapters "CVB against attacks and
+architectures" and "CVB against DP-SGD and gradient compression".
 """
 
 from __future__ import annotations
@@ -32,40 +32,42 @@ from .cvb_common import (
     n_added,
     reference_rows,
     run_attack,
-    ssim_row,
     training_loads,
     with_victims,
 )
+from .cvb_quality import LPIPS, quality_row, require_lpips
 from .registry import Context, experiment
 from .work import Load
 
 
 @experiment(
     "cvb/table3-attacks",
-    row_keys=("dataset", "defense", "attack", "ssim", "asr"),
+    row_keys=("dataset", "defense", "attack", "ssim", "asr", "psnr", "mse", "lpips"),
     config=cvb_config(
         ATTACK,
         TRAINING,
+        LPIPS,
         ci={"datasets": ("mnist", "cifar10")},
         paper={"datasets": ("mnist", "cifar10")},
         sources={"datasets": "Table III"},
     ),
     reference=reference_rows(
-        ("dataset", "defense", "attack", "ssim", "asr"),
-        ("mnist", "none", "idlg", 0.76, 0.9141),
-        ("mnist", "none", "cpl", 0.32, 0.1240),
-        ("mnist", "none", "inverting-gradients", 0.95, 1.0),
-        ("mnist", "cvb", "idlg", 0.00, 0.0),
-        ("mnist", "cvb", "cpl", 0.00, 0.0),
-        ("mnist", "cvb", "inverting-gradients", 0.29, 0.0156),
-        ("cifar10", "none", "idlg", 0.43, 0.4766),
-        ("cifar10", "none", "cpl", 0.32, 0.2266),
-        ("cifar10", "none", "inverting-gradients", 0.87, 0.9688),
-        ("cifar10", "cvb", "idlg", 0.01, 0.0),
-        ("cifar10", "cvb", "cpl", 0.03, 0.0),
-        ("cifar10", "cvb", "inverting-gradients", 0.21, 0.0),
+        ("dataset", "defense", "attack", "ssim", "asr", "psnr", "mse", "lpips"),
+        ("mnist", "none", "idlg", 0.76, 0.9141, 15.98, 0.03, 0.40),
+        ("mnist", "none", "cpl", 0.32, 0.1240, 7.63, 0.18, 0.55),
+        ("mnist", "none", "inverting-gradients", 0.95, 1.0, 33.13, 0.00, 0.03),
+        ("mnist", "cvb", "idlg", 0.00, 0.0, 8.67, 0.14, 0.82),
+        ("mnist", "cvb", "cpl", 0.00, 0.0, 6.13, 0.25, 0.85),
+        ("mnist", "cvb", "inverting-gradients", 0.29, 0.0156, 7.35, 0.20, 0.64),
+        ("cifar10", "none", "idlg", 0.43, 0.4766, 11.76, 0.08, 0.54),
+        ("cifar10", "none", "cpl", 0.32, 0.2266, 12.25, 0.07, 0.55),
+        ("cifar10", "none", "inverting-gradients", 0.87, 0.9688, 21.09, 0.01, 0.20),
+        ("cifar10", "cvb", "idlg", 0.01, 0.0, 9.14, 0.12, 0.67),
+        ("cifar10", "cvb", "cpl", 0.03, 0.0, 10.55, 0.09, 0.64),
+        ("cifar10", "cvb", "inverting-gradients", 0.21, 0.0, 9.51, 0.12, 0.58),
     ),
-    reference_source="CVB paper, Table III (mean SSIM and ASR as a fraction, 128 images per cell)",
+    reference_source="CVB paper, Table III (mean SSIM and ASR as a fraction, 128 images per "
+    "cell) and the supplementary Table IX (the same rows' mean PSNR, MSE and LPIPS)",
     datasets=("mnist", "cifar10"),
     work=lambda ctx: [
         [attack_load(ctx.config, name)] for _, _, name in table3_units(ctx.config.datasets)
@@ -79,12 +81,13 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
     (:data:`~.cvb_common.IG_TV`). CPL's label term has the CNN's weight in
     the authors' model config, 0.1 (:data:`~.cvb_common.CPL_LABEL_WEIGHT`).
     Victims: client 0's training images of each dataset (named in the
-    record's ``data``). Rows: ``dataset``,
-    ``defense`` ("none" or "cvb"), ``attack`` (a preset id), ``ssim``,
-    ``ssim_std``, ``asr``, ``psnr`` (min–max rescaled, as the paper's
-    supplementary tables). Data: ``mnist``, ``cifar10``. One unit per row
-    (:func:`table3_units`).
+    record's ``data``). Rows: ``dataset``, ``defense`` ("none" or "cvb"),
+    ``attack`` (a preset id) and :func:`~.cvb_quality.quality_row`'s columns
+    (``ssim``, ``asr``, and ``psnr``, ``mse``, ``lpips`` as the supplementary
+    Table IX, each mean with its ``_std``). Data: ``mnist``, ``cifar10``.
+    One unit per row (:func:`table3_units`).
     """
+    require_lpips(ctx)
     victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
 
     def unit(cell: tuple[str, str, str]) -> list[dict[str, Any]]:
@@ -93,8 +96,8 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
         model = cnn(spec, seed=ctx.seed)
         attack = cvb_attack(name, ctx.config, include=attack_layers(model))
         case, result = run_attack(ctx, model, victims(dataset), attack, offset=ATTACKS.index(name))
-        psnr = float(case.score(result, "psnr_minmax").mean())
-        return [ssim_row(case, result, dataset=dataset, defense=defense, attack=name, psnr=psnr)]
+        return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset,
+                            defense=defense, attack=name)]  # fmt: skip
 
     rows = ctx.units(table3_units(ctx.config.datasets), unit, "Table III")
     return with_victims(ctx, rows, ctx.config.datasets)
@@ -134,10 +137,22 @@ def _table4_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "cvb/table4-defenses",
-    row_keys=("dataset", "defense", "parameter", "ssim", "asr", "accuracy", "epsilon"),
+    row_keys=(
+        "dataset",
+        "defense",
+        "parameter",
+        "ssim",
+        "asr",
+        "psnr",
+        "mse",
+        "lpips",
+        "accuracy",
+        "epsilon",
+    ),
     config=cvb_config(
         ATTACK,
         TRAINING,
+        LPIPS,
         ci={"datasets": ("cifar10",), "noise": (0.1, 1.0), "rates": (0.9,), "sizes": (32,)},
         paper={
             "datasets": ("mnist", "cifar10"),
@@ -156,36 +171,38 @@ def _table4_work(ctx: Context) -> list[list[Load]]:
         },
     ),
     reference=reference_rows(
-        ("dataset", "defense", "parameter", "ssim", "asr", "accuracy"),
-        ("mnist", "none", None, 0.95, 1.0, 0.9910),
-        ("mnist", "dp", "lost-1", 0.00, 0.0, 0.9473),
-        ("mnist", "dp", "lost-2", 0.01, 0.0, 0.9817),
-        ("mnist", "dp", "lost-3", 0.08, 0.0, 0.9887),
-        ("mnist", "dp", "lost-4", 0.64, 0.8516, 0.9897),
-        ("mnist", "gc", "lost-1", 0.63, 0.8984, 0.9831),
-        ("mnist", "gc", "lost-2", 0.24, 0.0, 0.2308),
-        ("mnist", "precode", 32, 0.46, 0.3359, 0.9855),
-        ("mnist", "precode", 64, 0.52, 0.5938, 0.9842),
-        ("mnist", "precode", 128, 0.59, 0.8281, 0.9849),
-        ("mnist", "precode", 256, 0.68, 0.9062, 0.9837),
-        ("mnist", "precode", 512, 0.78, 1.0, 0.9822),
-        ("mnist", "cvb", "k=5,s=0.5,beta=0.1", 0.29, 0.0078, 0.9915),
-        ("cifar10", "none", None, 0.87, 0.9688, 0.6253),
-        ("cifar10", "dp", "lost-1", 0.01, 0.0, 0.4987),
-        ("cifar10", "dp", "lost-2", 0.01, 0.0, 0.5902),
-        ("cifar10", "dp", "lost-3", 0.03, 0.0, 0.6077),
-        ("cifar10", "dp", "lost-4", 0.31, 0.0547, 0.6073),
-        ("cifar10", "gc", "lost-1", 0.48, 0.4688, 0.5438),
-        ("cifar10", "gc", "lost-2", 0.15, 0.0, 0.1149),
-        ("cifar10", "precode", 32, 0.32, 0.0156, 0.6149),
-        ("cifar10", "precode", 64, 0.35, 0.0781, 0.6160),
-        ("cifar10", "precode", 128, 0.41, 0.1953, 0.6065),
-        ("cifar10", "precode", 256, 0.53, 0.6172, 0.6097),
-        ("cifar10", "precode", 512, 0.72, 0.9766, 0.5995),
-        ("cifar10", "cvb", "k=5,s=0.5,beta=0.1", 0.21, 0.0, 0.6717),
+        ("dataset", "defense", "parameter", "ssim", "asr", "psnr", "mse", "lpips", "accuracy"),
+        ("mnist", "none", None, 0.95, 1.0, 33.13, 0.00, 0.03, 0.9910),
+        ("mnist", "dp", "lost-1", 0.00, 0.0, 7.43, 0.18, 0.74, 0.9473),
+        ("mnist", "dp", "lost-2", 0.01, 0.0, 7.58, 0.18, 0.74, 0.9817),
+        ("mnist", "dp", "lost-3", 0.08, 0.0, 8.52, 0.14, 0.74, 0.9887),
+        ("mnist", "dp", "lost-4", 0.64, 0.8516, 17.83, 0.02, 0.43, 0.9897),
+        ("mnist", "gc", "lost-1", 0.63, 0.8984, 18.12, 0.02, 0.42, 0.9831),
+        ("mnist", "gc", "lost-2", 0.24, 0.0, 11.57, 0.07, 0.72, 0.2308),
+        ("mnist", "precode", 32, 0.46, 0.3359, 10.22, 0.10, 0.69, 0.9855),
+        ("mnist", "precode", 64, 0.52, 0.5938, 11.89, 0.07, 0.63, 0.9842),
+        ("mnist", "precode", 128, 0.59, 0.8281, 14.47, 0.04, 0.55, 0.9849),
+        ("mnist", "precode", 256, 0.68, 0.9062, 18.67, 0.01, 0.40, 0.9837),
+        ("mnist", "precode", 512, 0.78, 1.0, 24.37, 0.00, 0.24, 0.9822),
+        ("mnist", "cvb", "k=5,s=0.5,beta=0.1", 0.29, 0.0078, 7.34, 0.20, 0.64, 0.9915),
+        ("cifar10", "none", None, 0.87, 0.9688, 21.09, 0.01, 0.20, 0.6253),
+        ("cifar10", "dp", "lost-1", 0.01, 0.0, 8.13, 0.16, 0.68, 0.4987),
+        ("cifar10", "dp", "lost-2", 0.01, 0.0, 8.16, 0.16, 0.68, 0.5902),
+        ("cifar10", "dp", "lost-3", 0.03, 0.0, 8.50, 0.14, 0.68, 0.6077),
+        ("cifar10", "dp", "lost-4", 0.31, 0.0547, 12.91, 0.05, 0.57, 0.6073),
+        ("cifar10", "gc", "lost-1", 0.48, 0.4688, 15.25, 0.03, 0.47, 0.5438),
+        ("cifar10", "gc", "lost-2", 0.15, 0.0, 12.03, 0.07, 0.59, 0.1149),
+        ("cifar10", "precode", 32, 0.32, 0.0156, 10.67, 0.09, 0.57, 0.6149),
+        ("cifar10", "precode", 64, 0.35, 0.0781, 11.29, 0.08, 0.55, 0.6160),
+        ("cifar10", "precode", 128, 0.41, 0.1953, 12.58, 0.06, 0.50, 0.6065),
+        ("cifar10", "precode", 256, 0.53, 0.6172, 15.07, 0.03, 0.42, 0.6097),
+        ("cifar10", "precode", 512, 0.72, 0.9766, 19.07, 0.01, 0.27, 0.5995),
+        ("cifar10", "cvb", "k=5,s=0.5,beta=0.1", 0.21, 0.0, 9.51, 0.12, 0.58, 0.6717),
     ),
     reference_source=(
-        "CVB paper, Table IV (ASR and accuracy as fractions). The DP noise multipliers and GC "
+        "CVB paper, Table IV (ASR and accuracy as fractions) and the supplementary Table X (the "
+        "same rows' PSNR, MSE and LPIPS; it lists two more PRECODE rows above K = 32, whose sizes "
+        "are lost in our copy, which are left out). The DP noise multipliers and GC "
         "rates are lost in our copy: those rows carry the parameter 'lost-1', 'lost-2', ... in "
         "the table's order (DP: most noise first, judging by accuracy; GC: smaller rate first)"
     ),
@@ -212,11 +229,13 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
     ours — as many as the table has rows (four DP, two GC) — and the paper's
     rows keep the labels ``lost-1``, ``lost-2``, … in its order.
     Victims: client 0's training images (named in the record's ``data``).
-    Rows: ``dataset``, ``defense``, ``parameter``, ``ssim``, ``ssim_std``,
-    ``asr``, ``psnr`` (min–max rescaled), ``accuracy``, ``epsilon`` (None
-    except DP), ``added`` (bottleneck parameters). Data: ``mnist``, ``cifar10``.
-    One unit per row: (dataset, defense, parameter).
+    Rows: ``dataset``, ``defense``, ``parameter``,
+    :func:`~.cvb_quality.quality_row`'s columns (``ssim``, ``asr``, and
+    ``psnr``, ``mse``, ``lpips`` as the supplementary Table X), ``accuracy``,
+    ``epsilon`` (None except DP), ``added`` (bottleneck parameters). Data:
+    ``mnist``, ``cifar10``. One unit per row: (dataset, defense, parameter).
     """
+    require_lpips(ctx)
     choices = table4_choices(ctx.config)
     named = [(name, parameter) for name, parameter, _, _ in choices]
     victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
@@ -232,80 +251,9 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
         epsilon = None
         if name == "dp":
             epsilon = client_epsilon(ctx.config, trained, len(ctx.dataset(dataset, split="train")))
-        return [ssim_row(case, result, dataset=dataset, defense=name, parameter=parameter,
-                         accuracy=accuracy, epsilon=epsilon,
-                         psnr=float(case.score(result, "psnr_minmax").mean()),
-                         added=n_added(model))]  # fmt: skip
+        return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset, defense=name,
+                            parameter=parameter, accuracy=accuracy, epsilon=epsilon,
+                            added=n_added(model))]  # fmt: skip
 
     cells = [(dataset, *choice) for dataset in ctx.config.datasets for choice in named]
     return with_victims(ctx, ctx.units(cells, unit, "Table IV"), ctx.config.datasets)
-
-
-def fig9_studies(settings: Settings) -> list[tuple[str, Any, dict[str, Any]]]:
-    """Fig. 9's studies: (study, value, the change to :data:`CVB_DEFAULT`), one knob at a time."""
-    studies: list[tuple[str, Any, dict[str, Any]]] = [
-        ("position", ",".join(map(str, pos)), {"position": list(pos)}) for pos in settings.positions
-    ]
-    studies += [("kernel", k, {"kernel_size": k}) for k in settings.kernels]
-    studies += [("scale", s, {"scale": s}) for s in settings.scales]
-    studies += [("beta", b, {"beta": b}) for b in settings.betas]
-    return studies
-
-
-@experiment(
-    "cvb/fig9-hyperparams",
-    row_keys=("study", "value", "ssim", "asr", "accuracy"),
-    config=cvb_config(
-        ATTACK,
-        TRAINING,
-        ci={
-            "positions": ((1,), (3,)),
-            "kernels": (1, 5),
-            "scales": (0.25, 1.0),
-            "betas": (1e-3, 1.0),
-        },
-        paper={
-            "positions": ((1,), (2,), (3,), (1, 2), (1, 3), (2, 3), (1, 2, 3)),
-            "kernels": (1, 3, 5, 7),
-            "scales": (0.125, 0.25, 0.5, 1.0, 2.0, 4.0),
-            "betas": (1e-4, 1e-3, 1e-2, 1e-1, 1.0),
-        },
-        sources={
-            "positions": "§VI-A1, Fig. 9(a)",
-            "kernels": "§VI-A2, Fig. 9(b)",
-            "scales": "§VI-A3, Fig. 9(c)",
-            "betas": "§VI-A4, Fig. 9(d)",
-        },
-    ),
-    reference_source="CVB paper, Fig. 9 (its values appear only in the figure: no reference rows)",
-    datasets=("cifar10",),
-    work=lambda ctx: [
-        [attack_load(ctx.config, "inverting-gradients"), *training_loads(ctx, "cifar10")]
-        for _ in fig9_studies(ctx.config)
-    ],
-)
-def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
-    """CVB Fig. 9: CVB position, kernel size, bottleneck scale and β versus privacy and accuracy.
-
-    One study varies one hyper-parameter around the chosen CVB (position 1,
-    k = 5, scale 0.5, β = 0.1), attacked by IG (TV 0.1, ignore attack) and
-    trained with FedAvg. Rows: ``study`` ("position", "kernel", "scale",
-    "beta"), ``value``, ``added`` parameters, ``ssim``, ``ssim_std``, ``asr``,
-    ``accuracy``. Data: ``cifar10``. One unit per row: (study, value).
-    """
-    studies = fig9_studies(ctx.config)
-    named = [(study, value) for study, value, _ in studies]
-    victims = load_victims(ctx, "cifar10", ctx.config.victims)
-
-    def unit(cell: tuple[str, Any]) -> list[dict[str, Any]]:
-        i = named.index(tuple(cell))
-        study, value, change = studies[i]
-        spec = {**CVB_DEFAULT, **change}
-        model = cnn(spec, seed=ctx.seed)
-        attack = cvb_attack("inverting-gradients", ctx.config, include=attack_layers(model))
-        case, result = run_attack(ctx, model, victims, attack, offset=i)
-        accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
-        return [ssim_row(case, result, study=study, value=value, added=n_added(model),
-                         accuracy=accuracy)]  # fmt: skip
-
-    return with_victims(ctx, ctx.units(named, unit, "Fig. 9"), ["cifar10"])

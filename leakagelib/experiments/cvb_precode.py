@@ -31,10 +31,10 @@ from .cvb_common import (
     n_added,
     reference_rows,
     run_attack,
-    ssim_row,
     training_loads,
     with_victims,
 )
+from .cvb_quality import quality_row
 from .registry import Context, experiment
 from .work import Load
 
@@ -120,9 +120,10 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
     each position reading the gradients of :func:`ignore_variants` — at position 2 also the
     two variants that leave out conv3. Victims: client 0's training images
     (:func:`~.cvb_data.load_victims`, named in the record's ``data``). Rows:
-    ``position`` (0 = no PRECODE), ``attacked`` (the variant), ``ssim`` (mean,
-    min–max rescaled), ``ssim_std``, ``asr``. Data: ``cifar10``. One unit per
-    row (:func:`table1_units`).
+    ``position`` (0 = no PRECODE), ``attacked`` (the variant) and
+    :func:`~.cvb_quality.quality_row`'s columns (``ssim``, ``asr``, ``psnr``,
+    ``mse``, each mean with its ``_std``, min–max rescaled). Data:
+    ``cifar10``. One unit per row (:func:`table1_units`).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
@@ -136,7 +137,7 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
             include = ignore_variants(model, position)[label]
             case, result = run_attack(ctx, model, victims, ig(include=include),
                                       offset=VARIANT_NAMES.index(label))  # fmt: skip
-        return [ssim_row(case, result, position=position, attacked=label)]
+        return [quality_row(case, result, position=position, attacked=label)]
 
     return with_victims(ctx, ctx.units(table1_units(ctx.config), unit, "Table I"), ["cifar10"])
 
@@ -174,7 +175,8 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
     PRECODE with K = C/2 and no biases (which reproduces the table's parameter
     counts exactly), attacked by IG (TV 0.1, the authors' for this CNN) reading the gradients before its
     decoder. Rows: ``position`` (0 = baseline), ``parameters`` (total),
-    ``added`` (by PRECODE), ``ssim``, ``ssim_std``, ``asr``, ``accuracy``.
+    ``added`` (by PRECODE), :func:`~.cvb_quality.quality_row`'s columns
+    (``ssim``, ``asr``, ``psnr``, ``mse``), ``accuracy``.
     Victims: client 0's training images (named in the record's ``data``).
     Data: ``cifar10``. One unit per position.
     """
@@ -187,7 +189,7 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
         case, result = run_attack(ctx, model, victims, ig(include=attack_layers(model)))
         total = sum(p.numel() for p in model.parameters())
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
-        return [ssim_row(case, result, position=position, parameters=total,
-                         added=n_added(model), accuracy=accuracy)]  # fmt: skip
+        return [quality_row(case, result, position=position, parameters=total,
+                            added=n_added(model), accuracy=accuracy)]  # fmt: skip
 
     return with_victims(ctx, ctx.units(ctx.config.positions, unit, "Table II"), ["cifar10"])
