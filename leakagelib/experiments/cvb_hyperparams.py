@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..defenses.bottlenecks import bottlenecks
 from .config import Settings
 from .cvb_common import (
@@ -61,9 +63,11 @@ def fig9_runs(settings: Settings) -> list[list[int]]:
     identical rows.
     """
     groups: dict[str, list[int]] = {}
-    for i, (_, _, change) in enumerate(fig9_studies(settings)):
-        model = cnn({**CVB_DEFAULT, **change})
-        groups.setdefault(repr([(n, m.extra_repr()) for n, m in bottlenecks(model)]), []).append(i)
+    with torch.random.fork_rng(devices=[]):  # building seeds torch's generator; leave the caller's as it was
+        for i, (_, _, change) in enumerate(fig9_studies(settings)):
+            model = cnn({**CVB_DEFAULT, **change})
+            key = repr([(n, m.extra_repr()) for n, m in bottlenecks(model)])
+            groups.setdefault(key, []).append(i)
     return list(groups.values())
 
 
