@@ -63,9 +63,8 @@ def fig9_runs(settings: Settings) -> list[list[int]]:
     identical rows.
     """
     groups: dict[str, list[int]] = {}
-    with torch.random.fork_rng(
-        devices=[]
-    ):  # building seeds torch's generator; leave the caller's as it was
+    # building a network seeds torch's generator: leave the caller's as it was
+    with torch.random.fork_rng(devices=[]):
         for i, (_, _, change) in enumerate(fig9_studies(settings)):
             model = cnn({**CVB_DEFAULT, **change})
             key = repr([(n, m.extra_repr()) for n, m in bottlenecks(model)])
