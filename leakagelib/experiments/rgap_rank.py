@@ -195,6 +195,17 @@ def table3_rank(ctx: Context) -> list[dict]:
     steps on the first image 0.0051: L-BFGS has stopped. Not float32's
     rounding: at that reconstruction the squared gradient distance is 3e-6
     of the update's squared norm, at the true image 7e-14.
+
+    Why column 4's DLG fails (median 0.29 where the paper has 2.7e-4;
+    measured on the first six images run together, seed 0, 300 steps): on
+    four of them DLG runs off to inputs far outside the pixel range (largest
+    pixel 2.4e3 to 1.6e7), where the logistic loss saturates and the
+    network's gradient vanishes, so the squared gradient distance equals the
+    update's squared norm; on the other two it stops at 4e-4 and 9e-4 of it
+    (MSE 0.070 and 0.017). The optimiser fails; whether the update
+    determines the image there, DLG does not tell. Which images run off
+    depends on how many run together (float32 rounding in a batch): in the
+    record, with 100, the first one does.
     """
     shape = DATASETS["cifar10"]
     x = victims(ctx, "cifar10", ctx.config.victims)
