@@ -17,8 +17,9 @@ Against PRECODE and CVB the "ignore" attack reads only the gradients before
 the first stochastic decoder (§III-B). SSIM and the ASR (share of images with
 SSIM ≥ 0.5), and the PSNR, MSE and LPIPS of the supplementary Tables
 VIII–XII, use min–max rescaled images, as the authors' ``Scaled*`` metrics
-do (:mod:`.cvb_quality`). Utility is the test accuracy of FedAvg training at its best round
-(:func:`~.cvb_data.fedavg_accuracy`, :func:`leakagelib.fedavg.federated_averaging`).
+do (:mod:`.cvb_quality`). Utility is the test accuracy of FedAvg training at
+its best round (:func:`~.cvb_data.fedavg_accuracy`,
+:func:`leakagelib.fedavg.federated_averaging`).
 
 The protocol's numbers at both scales are :data:`ATTACK` and :data:`TRAINING`;
 every experiment's config includes the parts it uses (:func:`cvb_config`). At
@@ -28,9 +29,9 @@ authors' 3×32×32 (resized, grey channel repeated). At paper scale: 128 victim
 images, at most 20,000 IG iterations, 300 rounds with patience 40.
 
 The experiments live in :mod:`.cvb_precode` (Tables I–II), :mod:`.cvb_defenses`
-(Tables III–IV), :mod:`.cvb_hyperparams` (Fig. 9) and :mod:`.cvb_architectures` (Tables V–VII); the
-chapter "Variational bottlenecks" runs them and builds its own analyses with
-:mod:`.cvb_analysis`. Each of them runs its table's cells as units
+(Tables III–IV), :mod:`.cvb_hyperparams` (Fig. 9) and :mod:`.cvb_architectures`
+(Tables V–VII); the three CVB chapters run them and build their own analyses
+with :mod:`.cvb_analysis`. Each of them runs its table's cells as units
 (:meth:`~leakagelib.experiments.Context.units`, one attack and its training
 run each), so that an interrupted paper-scale run resumes; every unit seeds
 what it draws itself (:func:`cnn`, :func:`run_attack`, FedAvg's ``seed``), so
