@@ -162,11 +162,12 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     """
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)
-    runs = fig9_runs(ctx.config)
+    runs = {tuple(studies[group[0]][:2]): group for group in fig9_runs(ctx.config)}
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
 
     def unit(cell: tuple[str, Any]) -> list[dict[str, Any]]:
-        first = next(i for i in range(len(studies)) if studies[i][:2] == tuple(cell))
+        group = runs[tuple(cell)]
+        first = group[0]
         spec = {**CVB_DEFAULT, **studies[first][2]}
         model = cnn(spec, seed=ctx.seed)
         attack = cvb_attack("inverting-gradients", ctx.config, include=attack_layers(model))
@@ -174,10 +175,9 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
         row = quality_row(case, result, lpips=ctx.config.lpips, added=n_added(model),
                           accuracy=accuracy)  # fmt: skip
-        group = next(g for g in runs if first in g)
         return [{"study": studies[i][0], "value": studies[i][1], **row} for i in group]
 
-    rows = ctx.units([list(studies[g[0]][:2]) for g in runs], unit, "Fig. 9")
+    rows = ctx.units([list(key) for key in runs], unit, "Fig. 9")
     order = {(r["study"], r["value"]): r for r in rows}
     rows = [order[(study, value)] for study, value, _ in studies]
     return with_victims(ctx, rows, ["cifar10"])
