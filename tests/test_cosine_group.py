@@ -196,3 +196,24 @@ def test_table2_runs_the_authors_global_cosine_and_tunes_on_ten_victims():
     ctx = Context(scale="ci", progress=False, settings=small)
     with pytest.raises(ValueError, match="victims = 6 is not a multiple of cosine_group = 4"):
         experiments.get("bayes/table2").fn(ctx)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_fused_dot_and_norm_has_the_plain_sums_and_their_gradient(weighted: bool):
+    """The dense sums of :func:`cosine_sums` (two matrix products and a two-pass gradient) give
+    ``(s * g_a).sum()`` and ``(s² * b).sum()`` and the same gradient in ``s``, to float64 rounding."""
+    from leakagelib.attacks.cosine import _DotAndNorm
+
+    gen = torch.Generator().manual_seed(0)
+    s = torch.randn(2, 3, 4, 50, generator=gen, dtype=torch.float64, requires_grad=True)
+    g_a = torch.randn(2, 3, 1, 50, generator=gen, dtype=torch.float64)
+    b = torch.rand(2, 1, 1, 50, generator=gen, dtype=torch.float64) if weighted else None
+    dot, norm = _DotAndNorm.apply(s, g_a, b)
+    plain_dot = (s * g_a).sum(3)
+    plain_norm = (s.pow(2) * (1.0 if b is None else b)).sum(3)
+    torch.testing.assert_close(dot, plain_dot)
+    torch.testing.assert_close(norm, plain_norm)
+    up, un = torch.randn(2, 2, 3, 4, generator=gen, dtype=torch.float64).unbind(0)
+    (fused,) = torch.autograd.grad((dot * up + norm * un).sum(), s)
+    (plain,) = torch.autograd.grad((plain_dot * up + plain_norm * un).sum(), s)
+    torch.testing.assert_close(fused, plain)
