@@ -105,7 +105,16 @@ per image-iteration on each side and the reference's R-GAP 9–14 minutes per
 image, so the default run (50 iterations, 8 images, 1 R-GAP image) takes about
 half an hour.
 
-Options: ``--models`` (subset of ``convnet16 convnet64 cvb-cnn``), ``--images``
+On a GPU (README, Speed: the H100 table)::
+
+    python benchmarks/peers.py --only ig --device cuda --iterations 200 --images 16
+
+``--device cuda`` puts both sides' models, images, updates and start images
+on the GPU (the start images are still drawn on the CPU, so they are the same
+images as on the CPU) and waits for the GPU before reading each clock; R-GAP
+has no GPU route here (the reference is numpy), so it needs ``--only ig``.
+
+Options: ``--device`` (``cpu`` or ``cuda``), ``--models`` (subset of ``convnet16 convnet64 cvb-cnn``), ``--images``
 (default 8), ``--iterations``, ``--lr``, ``--tv`` (breaching's convention),
 ``--seed``, ``--data``, ``--peers-dir``, ``--rgap-images``, ``--rgap-mu-steps``.
 Without breaching the script still runs our side of both comparisons and
@@ -145,7 +154,7 @@ from leakagelib.models import build
 from leakagelib.rgap import rgap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import matmul_peak  # noqa: E402  (benchmarks/ is not a package)
+from machine import matmul_peak, sync  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CIFAR = REPO.parent / "shared" / "data" / "cifar10_test_0_499.npz"
@@ -253,7 +262,8 @@ def copy_weights(ours: nn.Module, peer: nn.Module) -> nn.Module:
 
 
 def peer_model(name: str, ours: nn.Module, breaching: ModuleType) -> nn.Module:
-    """The peer's network for benchmark model ``name``, holding ``ours``' weights, in eval mode."""
+    """The peer's network for benchmark model ``name``, holding ``ours``' weights, in eval mode,
+    on ``ours``' device."""
     registry_id, options = MODELS[name]
     if registry_id == "convnet":
         from breaching.cases.models.model_preparation import ConvNet
@@ -261,7 +271,7 @@ def peer_model(name: str, ours: nn.Module, breaching: ModuleType) -> nn.Module:
         peer: nn.Module = ConvNet(width=options["width"], num_classes=10, num_channels=3)
     else:
         peer = PeerCvbCnn(num_classes=10)
-    return copy_weights(ours, peer).eval()
+    return copy_weights(ours, peer).eval().to(next(ours.parameters()).device)
 
 
 def check_same_function(
@@ -315,8 +325,8 @@ class Victims:
     source: str
 
     def denormalize(self, x: Tensor) -> Tensor:
-        m = torch.tensor(self.mean).reshape(1, -1, 1, 1)
-        s = torch.tensor(self.std).reshape(1, -1, 1, 1)
+        m = torch.tensor(self.mean, device=x.device).reshape(1, -1, 1, 1)
+        s = torch.tensor(self.std, device=x.device).reshape(1, -1, 1, 1)
         return (x * s + m).clamp(0.0, 1.0)
 
     def psnr(self, reconstructions: Tensor, index: slice | None = None) -> float:
@@ -337,12 +347,14 @@ def load_cifar(n: int, data: Path, seed: int) -> tuple[Any, str]:
 
 
 def victims_for(model: nn.Module, ds: Any, source: str, seed: int) -> Victims:
-    """Normalised images, per-image updates of ``model`` and start images drawn once."""
-    x = ds.normalizer.normalize(ds.images)
-    y = ds.labels
+    """Normalised images, per-image updates of ``model`` and start images drawn once (on the
+    CPU, so both devices start from the same images), all on ``model``'s device."""
+    device = next(model.parameters()).device
+    x = ds.normalizer.normalize(ds.images).to(device)
+    y = ds.labels.to(device)
     updates = per_sample_updates(model, x, y)
     gen = torch.Generator().manual_seed(seed)
-    start = torch.randn((x.shape[0], 1, *SHAPE), generator=gen)
+    start = torch.randn((x.shape[0], 1, *SHAPE), generator=gen).to(device)
     norm = ds.normalizer
     return Victims(x, y, updates, start, tuple(norm.mean), tuple(norm.std), source)
 
@@ -360,6 +372,7 @@ def ours_attack(model: nn.Module, v: Victims, index: slice, s: IGSettings) -> tu
         decay=0.1,
     )
     updates = {k: u[index] for k, u in v.updates.items()}
+    sync(v.images.device.type)
     start = time.perf_counter()
     result = attack(
         model,
@@ -369,6 +382,7 @@ def ours_attack(model: nn.Module, v: Victims, index: slice, s: IGSettings) -> tu
         bounds=image_bounds(v.mean, v.std),
         initial=v.start[index],
     )
+    sync(v.images.device.type)
     return result.inputs(), time.perf_counter() - start
 
 
@@ -383,7 +397,7 @@ def breaching_attacker(breaching: ModuleType, peer: nn.Module, s: IGSettings) ->
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hydra's notice that breaching gives no version_base
         cfg = breaching.get_attack_config("invertinggradients", overrides=overrides)
-    setup = {"device": torch.device("cpu"), "dtype": torch.float}
+    setup = {"device": next(peer.parameters()).device, "dtype": torch.float}
     return breaching.attacks.prepare_attack(peer, nn.CrossEntropyLoss(), cfg, setup)
 
 
@@ -408,8 +422,10 @@ def breaching_attack(attacker: Any, peer: nn.Module, v: Victims, i: int) -> tupl
             },
         }
     ]
+    sync(v.images.device.type)
     start = time.perf_counter()
     out, _ = attacker.reconstruct(payload, shared, {}, initial_data=v.start[i])
+    sync(v.images.device.type)
     return out["data"].detach(), time.perf_counter() - start
 
 
@@ -482,12 +498,19 @@ def _run_loops(
 
 
 def run_ig_model(
-    name: str, ds: Any, source: str, s: IGSettings, breaching: ModuleType | None, seed: int
+    name: str,
+    ds: Any,
+    source: str,
+    s: IGSettings,
+    breaching: ModuleType | None,
+    seed: int,
+    device: str = "cpu",
 ) -> tuple[list[Row], dict[str, Any]]:
-    """Every Inverting Gradients run of one model; rows and notes (model check, agreement)."""
+    """Every Inverting Gradients run of one model on ``device``; rows and notes (model check,
+    agreement)."""
     registry_id, options = MODELS[name]
     torch.manual_seed(seed)
-    model = build(registry_id, SHAPE, 10, **options).eval()
+    model = build(registry_id, SHAPE, 10, **options).eval().to(device)
     v = victims_for(model, ds, source, seed)
     n, notes = v.images.shape[0], {}
     peer = attacker = None
@@ -685,6 +708,7 @@ def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("all", "ig", "rgap"), default="all")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (Inverting Gradients only)")
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
@@ -707,9 +731,13 @@ def main() -> None:
     s = IGSettings(args.iterations, args.lr, args.tv)
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     peer_text = f"breaching {_version('breaching')}" if breaching else str(peer)
-    head = {"date": stamp, "nproc": os.cpu_count(), "threads": args.threads,
+    if args.device != "cpu" and args.only != "ig":
+        raise SystemExit("--device applies to Inverting Gradients only: add --only ig")
+    device_name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else "cpu"
+    head = {"date": stamp, "nproc": os.cpu_count(), "threads": args.threads, "device": device_name,
             "torch": torch.__version__, "numpy": np.__version__, "peer": peer_text}  # fmt: skip
-    print(f"# peers benchmark, {stamp}, nproc {head['nproc']}, {args.threads} thread(s), "
+    print(f"# peers benchmark, {stamp}, {device_name}, nproc {head['nproc']}, "
+          f"{args.threads} thread(s), "
           f"torch {torch.__version__}, numpy {np.__version__}")  # fmt: skip
     print(f"peer: {peer_text}")
     rows: list[Row] = []
@@ -723,7 +751,9 @@ def main() -> None:
                   f"C·H·W) = β {s.tv_ours:.4g} (ours, inversefed's mean per direction over "
                   f"C·(H−1)·W) — factor (H−1)/H = {(SHAPE[1] - 1) / SHAPE[1]:.4g}")  # fmt: skip
             for name in args.models:
-                model_rows, notes[name] = run_ig_model(name, ds, source, s, breaching, args.seed)
+                model_rows, notes[name] = run_ig_model(
+                    name, ds, source, s, breaching, args.seed, args.device
+                )
                 rows += model_rows
                 print(f"{name}: {json.dumps(notes[name])}", flush=True)
         if args.only in ("all", "rgap"):
@@ -731,7 +761,7 @@ def main() -> None:
             print(f"R-GAP images: {source} (in [0, 1], not normalised, as the authors' code)")
             rows += run_rgap(ds, breaching, args.rgap_mu_steps, args.seed)
     with threadpool_limits(limits=args.threads):
-        peak = matmul_peak()
+        peak = matmul_peak(args.device)
     head["peak_gflops"] = peak / 1e9
     print()
     print_tables(rows, peak)
