@@ -104,6 +104,22 @@ def test_a_record_with_paper_rows_is_joined_with_them():
     assert not [c for c in table.columns if c.endswith("(this run)")]
 
 
+def test_a_study_whose_varied_setting_mixes_text_and_numbers_is_joined_on_it():
+    """Figure 9's ``value`` holds positions as text and scales and β as floats: still a name."""
+    exp = experiments.get("cvb/fig9-hyperparams")
+    rows = [
+        {"study": "position", "value": "3", "ssim": 0.5, "asr": 0.1, "accuracy": 0.6},
+        {"study": "scale", "value": 0.125, "ssim": 0.2, "asr": 0.0, "accuracy": 0.5},
+        {"study": "beta", "value": 0.1, "ssim": 0.3, "asr": 0.0, "accuracy": 0.7},
+    ]
+    assert reproduction.split_columns(exp, rows)[0] == ["study", "value"]
+    [(_, table)] = reproduction.side_by_side(exp, {"rows": rows})
+    joined = {(r["study"], r["value"]): r for r in table.rows}
+    assert joined[("scale", 0.125)]["ssim (record)"] == 0.2
+    assert joined[("scale", 0.125)]["ssim (paper)"] == 0.1  # Table VIII's row
+    assert joined[("position", "3")]["ssim (paper)"] == 0.46
+
+
 def test_a_record_whose_rows_share_names_is_shown_whole():
     record = {"rows": [{"start": "ray", "t": 0.5}, {"start": "ray", "t": 1.5}]}
     exp = experiments.get("rgap/twin-dlg")

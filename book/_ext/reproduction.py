@@ -204,13 +204,19 @@ def split_columns(exp: Any, rows: list[dict[str, Any]]) -> tuple[list[str], list
     """An experiment's row keys split into those that name a row and those that measure.
 
     A key whose values in the record are all text, booleans or integers names
-    the row (dataset, defense, image index); the others, and any further
-    column the paper's rows give (a standard deviation, say), are values.
+    the row (dataset, defense, image index), and so does one with any text
+    among its values: the setting a study varies, such as Figure 9's ``value``
+    (positions as text, kernel sizes, scales and β as numbers) or Table IV's
+    ``parameter``; a measured column never holds text. The others, and any
+    further column the paper's rows give (a standard deviation, say), are values.
     """
 
     def names(key: str) -> bool:
         values = [r[key] for r in rows if key in r]
-        return bool(values) and all(isinstance(v, (str, bool, int)) for v in values)
+        return bool(values) and (
+            all(isinstance(v, (str, bool, int)) for v in values)
+            or any(isinstance(v, str) for v in values)
+        )
 
     keys = [k for k in exp.row_keys if names(k)]
     values = [k for k in exp.row_keys if k not in keys]
