@@ -114,9 +114,10 @@ on the GPU (the start images are still drawn on the CPU, so they are the same
 images as on the CPU) and waits for the GPU before reading each clock; R-GAP
 has no GPU route here (the reference is numpy), so it needs ``--only ig``.
 
-Options: ``--device`` (``cpu`` or ``cuda``), ``--models`` (subset of ``convnet16 convnet64 cvb-cnn``), ``--images``
-(default 8), ``--iterations``, ``--lr``, ``--tv`` (breaching's convention),
-``--seed``, ``--data``, ``--peers-dir``, ``--rgap-images``, ``--rgap-mu-steps``.
+Options: ``--device`` (``cpu`` or ``cuda``), ``--models`` (subset of
+``convnet16 convnet64 cvb-cnn``), ``--images`` (default 8), ``--iterations``,
+``--lr``, ``--tv`` (breaching's convention), ``--seed``, ``--data``,
+``--peers-dir``, ``--rgap-images``, ``--rgap-mu-steps``.
 Without breaching the script still runs our side of both comparisons and
 says why the peer is missing.
 """
