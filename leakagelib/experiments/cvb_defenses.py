@@ -96,9 +96,9 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
     starts) gave 0.48 and 38 %, stopping after 430–570 steps. The draw of the
     CNN's initial weights moves it: with ``cnn(seed=1)`` and ``cnn(seed=2)``
     instead of 0, our attack on those 8 victims gave 0.61 / 100 % and
-    0.57 / 88 %. No draw reached the paper's mean; the paper reports one
-    draw, and whether its victims (one client's training images) matter is
-    not known.
+    0.57 / 88 %. No draw reached the paper's mean; the paper gives no spread
+    over draws, and whether its victims (one client's training images)
+    matter is not known.
     """
     require_lpips(ctx)
     victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
