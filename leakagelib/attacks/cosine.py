@@ -117,9 +117,8 @@ def cosine_sums(
         s = torch.cat([sim.dense[k].flatten(3) for k, _ in dense], 3)  # H × N × M × P
         key = ("cosine", placement, *((k, id(w)) for k, w in dense))
         g_a, b = obs.once(key, lambda: _concatenated(obs, dense, placement))
-        if g_a.dtype != s.dtype:  # the product's type, as (s * g_a) would promote to
-            s = s.to(torch.promote_types(s.dtype, g_a.dtype))
-        dense_dot, dense_norm = _DotAndNorm.apply(s, g_a.to(s.dtype), b)
+        dtype = torch.promote_types(s.dtype, g_a.dtype)  # as (s * g_a) would promote
+        dense_dot, dense_norm = _DotAndNorm.apply(s.to(dtype), g_a.to(dtype), b)
         dot, norm = dot + dense_dot, norm + dense_norm
     return dot, norm
 
