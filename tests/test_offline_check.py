@@ -30,3 +30,9 @@ def test_raw_tex_in_prose_is_found_and_tex_in_code_or_rendered_math_is_not():
 def test_rendered_widget_views_are_counted():
     page = read('<div class="widget-subarea"><div class="jupyter-widgets"></div></div>')
     assert page.views == 1 and read("<div class='jupyter-widgets'></div>").views == 0
+
+
+def test_a_widget_shown_twice_or_not_at_all_is_a_problem_and_once_is_not():
+    assert check_offline.widget_problem(2, 2) is None
+    assert check_offline.widget_problem(2, 4) == "2 widget views embedded, 4 rendered"
+    assert check_offline.widget_problem(1, 0) == "1 widget views embedded, 0 rendered"

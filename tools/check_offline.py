@@ -8,8 +8,8 @@ the rendered DOM must show
 
 * no raw TeX: no ``\\(``, ``\\[`` or ``$$`` left in the text outside code blocks, and a
   rendered MathJax element wherever the page has math;
-* every widget cell rendered: as many widget views in the DOM as the page embeds
-  (``application/vnd.jupyter.widget-view+json`` scripts).
+* every widget cell rendered, once: as many widget views in the DOM as the page embeds
+  (``application/vnd.jupyter.widget-view+json`` scripts), no fewer and no more.
 
 A screenshot of each page goes to ``--screenshots`` so that a person can look. Exit status 1
 names each failing page and what failed; 2 when Chromium is missing.
@@ -127,10 +127,21 @@ def check_page(browser: str, url: str, source: str, screenshot: Path | None) -> 
         problems.append(f"{len(raw)} pieces of raw TeX")
     if 'class="math' in source and not parsed.mathjax:
         problems.append("math on the page but no MathJax output")
-    embedded = source.count(VIEW_SCRIPT)
-    if parsed.views < embedded:
-        problems.append(f"{embedded} widget views embedded, {parsed.views} rendered")
+    if problem := widget_problem(source.count(VIEW_SCRIPT), parsed.views):
+        problems.append(problem)
     return problems
+
+
+def widget_problem(embedded: int, rendered: int) -> str | None:
+    """What is wrong when a page embeds ``embedded`` widget views and shows ``rendered``.
+
+    Fewer: a widget cell is empty (its scripts did not load). More: a widget is shown twice
+    (two widget managers on the page, as when jupyter-book also loaded the manager globally;
+    book/_ext/widget_scripts.py).
+    """
+    if rendered == embedded:
+        return None
+    return f"{embedded} widget views embedded, {rendered} rendered"
 
 
 def main(argv: list[str] | None = None) -> int:
