@@ -1,6 +1,7 @@
 """The paper-scale records ship with the library: a non-editable install finds them.
 
-``results/*.json`` is installed as the package data ``leakagelib.results``
+``results/*.json`` and the partial records ``results/*.json.partial`` are installed as the
+package data ``leakagelib.results``
 (``pyproject.toml``), and :func:`leakagelib.records.default_results_dir`
 finds it there, so a chapter opened on Colab (``pip install git+...``, not
 editable) shows the records beside the paper as the checkout does.
@@ -19,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = sorted(p.name for p in (ROOT / "results").glob("*.json"))
+PARTIAL = sorted(p.name for p in (ROOT / "results").glob("*.json.partial"))
 
 
 def test_the_checkout_reads_its_own_results_folder():
@@ -47,7 +49,7 @@ def test_the_wheel_holds_every_module_every_record_and_the_licence(wheel):
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "leakagelib").rglob("*.py")}
     assert not modules - names, "pyproject.toml's package list misses a package"
     assert RECORDS, "no records in results/"
-    assert {f"leakagelib/results/{r}" for r in RECORDS} <= names
+    assert {f"leakagelib/results/{r}" for r in RECORDS + PARTIAL} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
 
@@ -71,3 +73,28 @@ def test_an_installed_wheel_finds_the_records(wheel, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == exp_id
+
+
+def test_an_installed_wheel_finds_the_partial_records(wheel, tmp_path):
+    """A campaign under way shows on Colab too ("record pending: k of n units")."""
+    if not PARTIAL:
+        pytest.skip("no partial record in results/")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import sys; from leakagelib.experiments.resume import pending_record;"
+        "p = pending_record(sys.argv[1]);"
+        "print(len(p.units), p.total)"
+    )
+    from leakagelib import experiments
+    from leakagelib.records import record_filename
+
+    name = PARTIAL[0].removesuffix(".partial")
+    exp_id = next(i for i in experiments.available() if record_filename(i) == name)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, exp_id], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    done, total = map(int, out.stdout.split())
+    assert 0 < done < total
