@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from leakagelib import experiments, records, reporting
+from leakagelib import experiments, records, reporting, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -63,7 +63,8 @@ def test_the_index_reads_each_status_from_the_records():
             assert status.startswith("record pending")
             assert (status == "record pending") == (time == "—") == (device == "—")
         else:
-            assert status == f"{record['scale']}-scale record (below)"
+            judged = verdicts.verdict(reproduction.judgements(experiments.get(exp_id), record))
+            assert status == f"{record['scale']}-scale record (below): {judged}"
             assert record["provenance"]["device"] in device
             assert time != "—"
 
@@ -105,19 +106,33 @@ def test_a_record_with_paper_rows_is_joined_with_them():
 
 
 def test_a_study_whose_varied_setting_mixes_text_and_numbers_is_joined_on_it():
-    """Figure 9's ``value`` holds positions as text and scales and β as floats: still a name."""
+    """Figure 9's ``value`` holds positions as text and scales and β as floats: the registry's
+    ``on`` names it, whatever its values."""
     exp = experiments.get("cvb/fig9-hyperparams")
     rows = [
         {"study": "position", "value": "3", "ssim": 0.5, "asr": 0.1, "accuracy": 0.6},
         {"study": "scale", "value": 0.125, "ssim": 0.2, "asr": 0.0, "accuracy": 0.5},
         {"study": "beta", "value": 0.1, "ssim": 0.3, "asr": 0.0, "accuracy": 0.7},
     ]
-    assert reproduction.split_columns(exp, rows)[0] == ["study", "value"]
+    assert reproduction.split_columns(exp)[0] == ["study", "value"]
     [(_, table)] = reproduction.side_by_side(exp, {"rows": rows})
     joined = {(r["study"], r["value"]): r for r in table.rows}
     assert joined[("scale", 0.125)]["ssim (record)"] == 0.2
     assert joined[("scale", 0.125)]["ssim (paper)"] == 0.1  # Table VIII's row
     assert joined[("position", "3")]["ssim (paper)"] == 0.46
+
+
+def test_a_count_is_measured_not_a_name_so_a_differing_one_still_joins():
+    """Table II's parameter counts are integers, yet its rows are named by position alone."""
+    exp = experiments.get("cvb/table2-placement")
+    assert reproduction.split_columns(exp) == (
+        ["position"],
+        ["parameters", "ssim", "asr", "accuracy"],
+    )
+    rows = [{"position": 0, "parameters": 1, "ssim": 0.5, "asr": 0.5, "accuracy": 0.2}]
+    [(_, table)] = reproduction.side_by_side(exp, {"rows": rows})
+    none = next(r for r in table.rows if r["position"] == 0)
+    assert none["parameters (record)"] == 1 and none["parameters (paper)"] == 65962
 
 
 def test_a_record_whose_rows_share_names_is_shown_whole():

@@ -63,6 +63,17 @@ def test_registry_checks_ids_rows_and_scales():
         registry.get("no/such")
 
 
+def test_paper_rows_need_the_columns_that_name_them_and_distinct_names():
+    paper = [{"position": 0, "ssim": 0.9}, {"position": 0, "ssim": 0.1}]
+    with pytest.raises(ValueError, match="give `on`"):
+        registry.experiment("test/paper", row_keys=("position",), reference=paper)(len)
+    with pytest.raises(ValueError, match="share their `on` values"):
+        registry.experiment(
+            "test/paper", row_keys=("position",), reference=paper, on=("position",)
+        )(len)
+    assert "test/paper" not in registry.available()
+
+
 def test_data_overrides_parse_and_resolve(monkeypatch):
     assert registry.parse_data_overrides(["mnist=a.npz", " cifar10 = b.npz "]) == {
         "mnist": "a.npz",

@@ -13,11 +13,11 @@ typing a number:
   ci and at paper scale, and the datasets it loads;
 - ``{reproduction-records}``: for every record, its numbers beside the
   paper's (the experiment's reference rows, joined by
-  :func:`leakagelib.reporting.compare`).
+  :func:`leakagelib.reporting.compare`) and each judged value.
 
-The registry holds the paper's numbers but no tolerance by which a run would
-count as reproducing them, so the page gives no verdict of its own: it shows
-the two side by side, and the chapters discuss them.
+The index's verdict on a record, "reproduced", "diverges" or "not judged", is
+:func:`leakagelib.verdicts.verdict`: whether each number of the paper lies inside
+the record's 95 % interval for it, computed from the record's own spread.
 """
 
 from __future__ import annotations
@@ -156,9 +156,29 @@ def pending(exp_id: str) -> tuple[str, str, str]:
     return status, duration(sum(partial.seconds.values())), ", ".join(made)
 
 
+def images_per_row(exp: Any, record: dict[str, Any]) -> int | None:
+    """How many images stand behind a record row that does not say (its ``n``): the
+    ``victims`` the run used (``reproduce --set victims=…``, else the registered value)."""
+    changed = record.get("settings_changed", {}).get("victims")
+    if changed is not None:
+        return changed["used"]
+    return exp.config.at(record["scale"]).get("victims")
+
+
+def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:
+    """Every number of the paper's that ``record`` holds too, judged against the record's
+    95 % interval (:func:`leakagelib.verdicts.judge`)."""
+    from leakagelib import verdicts
+
+    keys, values = split_columns(exp)
+    if not exp.reference:
+        return []
+    return verdicts.judge(exp.reference, record["rows"], keys, values, images_per_row(exp, record))
+
+
 def index_lines(chapters: dict[str, Path]) -> list[str]:
     """The index table: paper → table/figure → chapter → record (run time, device), per experiment."""
-    from leakagelib import experiments, records
+    from leakagelib import experiments, records, verdicts
 
     running = running_chapters(chapters)
     rows = []
@@ -169,7 +189,8 @@ def index_lines(chapters: dict[str, Path]) -> list[str]:
         if record is None:
             status, time, dev = pending(exp_id)
         else:
-            status = f"{record['scale']}-scale record (below)"
+            judged = verdicts.verdict(judgements(exp, record))
+            status = f"{record['scale']}-scale record (below): {judged}"
             time = duration(records.run_seconds(record["provenance"]))
             dev = device(record)
         paper = f"{{cite:t}}`{paper_key(exp_id)}`"
@@ -200,25 +221,11 @@ def commands_lines() -> list[str]:
     return markdown_table(["experiment", "ci scale", "paper scale", "datasets"], rows)
 
 
-def split_columns(exp: Any, rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """An experiment's row keys split into those that name a row and those that measure.
-
-    A key whose values in the record are all text, booleans or integers names
-    the row (dataset, defense, image index), and so does one with any text
-    among its values: the setting a study varies, such as Figure 9's ``value``
-    (positions as text, kernel sizes, scales and β as numbers) or Table IV's
-    ``parameter``; a measured column never holds text. The others, and any
-    further column the paper's rows give (a standard deviation, say), are values.
-    """
-
-    def names(key: str) -> bool:
-        values = [r[key] for r in rows if key in r]
-        return bool(values) and (
-            all(isinstance(v, (str, bool, int)) for v in values)
-            or any(isinstance(v, str) for v in values)
-        )
-
-    keys = [k for k in exp.row_keys if names(k)]
+def split_columns(exp: Any) -> tuple[list[str], list[str]]:
+    """An experiment's columns split into those that name a row (the registry's ``on``) and
+    those that measure: its other row keys, and any further column the paper's rows give (a
+    standard deviation, say)."""
+    keys = list(exp.on)
     values = [k for k in exp.row_keys if k not in keys]
     for ref in exp.reference:
         values += [k for k, v in ref.items() if k not in keys + values and not isinstance(v, list)]
@@ -235,7 +242,7 @@ def side_by_side(exp: Any, record: dict[str, Any]) -> list[tuple[str, Any]]:
     from leakagelib import reporting
 
     rows = record["rows"]
-    keys, values = split_columns(exp, rows)
+    keys, values = split_columns(exp)
     distinct = len({tuple(r.get(k) for k in keys) for r in rows}) == len(rows)
     if exp.reference and keys and distinct:
         joined = reporting.compare(exp.id, None, on=keys, values=values, record=record)
@@ -251,8 +258,8 @@ def _nested(value: Any) -> bool:
 
 
 def record_lines(exp: Any, record: dict[str, Any]) -> list[str]:
-    """A dropdown with a record's provenance and its numbers beside the paper's."""
-    from leakagelib import records
+    """A dropdown with a record's provenance, its numbers beside the paper's and the verdict."""
+    from leakagelib import records, verdicts
 
     prov = record["provenance"]
     table_fig = where(exp.summary)
@@ -287,6 +294,11 @@ def record_lines(exp: Any, record: dict[str, Any]) -> list[str]:
         ]
         if len(table.rows) > len(shown):
             lines += ["", f"The first {len(shown)} of {len(table.rows)} rows (the file holds all)."]
+    judged = judgements(exp, record)
+    lines += ["", f"Verdict: {verdicts.verdict(judged)}."]
+    lines += [""] * bool(judged) + [f"- {cell(str(j))}" for j in judged[:MAX_ROWS]]
+    if len(judged) > MAX_ROWS:
+        lines += ["", f"The first {MAX_ROWS} of {len(judged)} judged values."]
     return [*lines, ":::", ""]
 
 

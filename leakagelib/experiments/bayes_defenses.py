@@ -316,6 +316,7 @@ def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
 
 @experiment(
     "bayes/precode-mlp",
+    on=("image",),
     row_keys=("image", "psnr"),
     config=ScaleConfig(
         ci={"victims": 8, "train_steps": 10},

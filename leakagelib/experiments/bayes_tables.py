@@ -179,6 +179,7 @@ def _per_attack(table: dict[tuple[str, str, int], tuple[float, ...]]) -> list[di
 
 @experiment(
     "bayes/table2",
+    on=("dataset", "defense", "attack", "step"),
     row_keys=("dataset", "defense", "attack", "step", "psnr"),
     config=TABLE2,
     reference=_per_attack(
@@ -298,6 +299,7 @@ def _table5_row(ctx: Context, case: Case, offset: int, defense: str) -> dict:
 
 @experiment(
     "bayes/table5-priors",
+    on=("dataset", "defense", "step"),
     row_keys=("defense", "psnr_tv", "psnr_tv_range"),
     config=TABLE5,
     reference=[

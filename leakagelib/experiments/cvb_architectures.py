@@ -81,6 +81,7 @@ def _table5_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "cvb/table5-architectures",
+    on=("dataset", "model", "defense"),
     row_keys=("dataset", "model", "defense", "ssim", "asr", "psnr", "mse", "lpips", "accuracy"),
     config=cvb_config(
         ATTACK,
@@ -179,6 +180,7 @@ MEDMNIST_KERNELS = {"pneumoniamnist": 5, "dermamnist": 3, "retinamnist": 3, "blo
 
 @experiment(
     "cvb/table6-medical",
+    on=("dataset", "defense"),
     row_keys=("dataset", "defense", "ssim", "asr", "psnr", "mse", "lpips", "accuracy"),
     config=cvb_config(
         ATTACK,
@@ -250,6 +252,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
 
 @experiment(
     "cvb/table7-bias",
+    on=("model", "bias"),
     row_keys=("model", "bias", "accuracy"),
     config=cvb_config(
         TRAINING,

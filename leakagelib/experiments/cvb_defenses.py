@@ -42,6 +42,7 @@ from .work import Load
 
 @experiment(
     "cvb/table3-attacks",
+    on=("dataset", "defense", "attack"),
     row_keys=("dataset", "defense", "attack", "ssim", "asr", "psnr", "mse", "lpips"),
     config=cvb_config(
         ATTACK,
@@ -150,6 +151,7 @@ def _table4_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "cvb/table4-defenses",
+    on=("dataset", "defense", "parameter"),
     row_keys=(
         "dataset",
         "defense",

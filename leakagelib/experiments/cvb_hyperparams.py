@@ -74,6 +74,7 @@ def fig9_runs(settings: Settings) -> list[list[int]]:
 
 @experiment(
     "cvb/fig9-hyperparams",
+    on=("study", "value"),
     row_keys=("study", "value", "ssim", "asr", "psnr", "mse", "lpips", "accuracy"),
     config=cvb_config(
         ATTACK,

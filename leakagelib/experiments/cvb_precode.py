@@ -87,6 +87,7 @@ def _table1_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "cvb/table1-ignore",
+    on=("position", "attacked"),
     row_keys=("position", "attacked", "ssim", "asr"),
     config=cvb_config(
         ATTACK,
@@ -144,6 +145,7 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
 
 @experiment(
     "cvb/table2-placement",
+    on=("position",),
     row_keys=("position", "parameters", "ssim", "asr", "accuracy"),
     config=cvb_config(
         ATTACK,

@@ -252,7 +252,9 @@ class Experiment:
     ``reference`` the paper's numbers as rows with the same keys as the
     experiment's own rows (what :func:`leakagelib.reporting.compare` puts
     beside them), and ``reference_source`` where in the paper they stand;
-    ``work`` counts what a run computes, per unit (:mod:`.work`), for the
+    ``on`` the columns that name a row, by which a run's rows are joined with
+    the paper's (a parameter count or an RA-i is measured, not a name, though
+    it is an integer); ``work`` counts what a run computes, per unit (:mod:`.work`), for the
     time estimates of ``campaign`` (:mod:`.estimate`).
     """
 
@@ -265,6 +267,7 @@ class Experiment:
     reference_source: str = ""
     datasets: tuple[str, ...] = ()
     work: WorkFn | None = None
+    on: tuple[str, ...] = ()
 
 
 _EXPERIMENTS: dict[str, Experiment] = {}
@@ -279,6 +282,7 @@ def experiment(
     reference_source: str = "",
     datasets: Iterable[str] = (),
     work: WorkFn | None = None,
+    on: Iterable[str] = (),
 ) -> Callable[[ExperimentFn], ExperimentFn]:
     """Register ``fn(ctx) -> rows`` under ``id``; every row must carry ``row_keys``.
 
@@ -286,17 +290,26 @@ def experiment(
     ``ctx.config``); ``reference`` the paper's numbers as rows, and
     ``reference_source`` the table or figure they come from; ``datasets``
     the logical dataset names it loads (what ``--data NAME=...`` may replace);
-    ``work(ctx)`` the loads of each unit of a run in ``ctx`` (:mod:`.work`).
+    ``work(ctx)`` the loads of each unit of a run in ``ctx`` (:mod:`.work`);
+    ``on`` the columns that name a row (required with ``reference``: they join
+    a run's rows with the paper's, in the chapters and the reproduction index).
     """
+    on = tuple(on)
 
     def decorate(fn: ExperimentFn) -> ExperimentFn:
         if id in _EXPERIMENTS:
             raise ValueError(f"experiment id {id!r} is registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         rows = tuple(dict(r) for r in reference)
+        if rows and not on:
+            raise ValueError(f"experiment {id!r}: give `on`, the columns that name a paper row")
+        keys = [tuple(r.get(k) for k in on) for r in rows]
+        if len(set(keys)) < len(keys):
+            raise ValueError(f"experiment {id!r}: two paper rows share their `on` values {on}")
         _EXPERIMENTS[id] = Experiment(
-            id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets), work
-        )
+            id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets),
+            work, on,
+        )  # fmt: skip
         return fn
 
     return decorate

@@ -121,6 +121,7 @@ def dlg_and_refine(
 
 @experiment(
     "rgap/table1",
+    on=("dataset", "model", "attack"),
     row_keys=("dataset", "model", "attack", "mse", "mse_median", "mse_recovered", "seconds"),
     config=CONFIG,
     reference=[

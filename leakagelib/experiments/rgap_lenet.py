@@ -150,6 +150,7 @@ def _table2_row(model: str, conds: tuple, dlg: float, rgap_: float, both: float)
 
 @experiment(
     "rgap/table2-lenet",
+    on=("model",),
     row_keys=(
         "model",
         "cond_conv1",

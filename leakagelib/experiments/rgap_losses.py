@@ -77,6 +77,7 @@ def _live(ctx: Context, loss: str, x: torch.Tensor) -> dict:
 
 @experiment(
     "rgap/fig1-losses",
+    on=("loss",),
     row_keys=("loss", "at_zero", "mu_star", "c_min", "twin", "eq10_spread", "mse"),
     config=FIG1_CONFIG,
     reference=[

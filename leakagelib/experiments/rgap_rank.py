@@ -143,6 +143,7 @@ def _table3_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "rgap/table3-rank",
+    on=("column",),
     row_keys=(
         "column",
         "model",

@@ -87,6 +87,7 @@ def _counted(width: int, cut: tuple[int, ...]) -> dict:
 
 @experiment(
     "rgap/table4-resnet101",
+    on=("model",),
     row_keys=("model", "cut_skip", "ra_i", "ra_i_2sf", "critical", "local_max"),
     config=TABLE4_CONFIG,
     reference=[
@@ -183,6 +184,7 @@ def _fig6_work(ctx: Context) -> list[list[Load]]:
 
 @experiment(
     "rgap/fig6-skip-dlg",
+    on=("row", "skip"),
     row_keys=(
         "row",
         "model",

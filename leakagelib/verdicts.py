@@ -1,0 +1,169 @@
+"""Whether a paper-scale record reproduces the paper's numbers: a verdict per value and per record.
+
+The reproduction index (``book/reproduction.md``, built by ``book/_ext/reproduction.py``) says of
+every record whether it reproduces the paper, computed here from the record's own spread, never
+typed. A number of the paper counts as reproduced when it lies inside the record's 95 %
+confidence interval for the same quantity:
+
+* a mean over images (SSIM, PSNR, MSE): the mean ± 1.96 standard errors, from the record's
+  per-image values (``psnr_per_image``) where it keeps them, else from its standard deviation
+  (``ssim_std``) and the number of images behind the row (``n`` in the row, or the experiment's
+  ``victims``);
+* a share of images (the attack success rate ``asr``, a ``*_recovered`` share): a Wilson
+  interval;
+* a count (parameters, RA-i): equality with the paper's count (not with a number the paper
+  rounds, such as an RA-i to two significant figures);
+* a bound the paper states as text ("> 150"): the whole interval on its side.
+
+The paper's own sampling error is not counted, so the test is strict: over many images a record
+close to the paper can still fall outside. A value with no interval (an accuracy, a condition
+number, a time) is shown beside the paper's but not judged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Judgement", "interval", "judge", "verdict"]
+
+#: The two-sided 95 % normal quantile.
+Z95 = 1.959963984540054
+_BOUND = re.compile(r"^\s*([<>])\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One number of the paper against the record's: the row, the column and the verdict."""
+
+    row: tuple[tuple[str, Any], ...]
+    column: str
+    paper: Any
+    record: float
+    low: float
+    high: float
+    agrees: bool
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{k} {v}" for k, v in self.row)
+        if self.low == self.high:  # a count
+            span = f"{self.low:.0f}" if self.low.is_integer() else f"{self.low:.4g}"
+        else:
+            span = f"[{self.low:.4g}, {self.high:.4g}]"
+        word = "inside" if self.agrees else "outside"
+        return f"{where}: {self.column}, paper {self.paper} {word} the record's {span}"
+
+
+def _per_image(row: Mapping[str, Any], column: str) -> list[Any] | None:
+    """The per-image values behind ``row[column]``: ``psnr_per_image`` for ``psnr``, and
+    ``psnr_per_image_tv`` for ``psnr_tv`` (Table 5's naming), where the row keeps them."""
+    parts = column.split("_")
+    names = [f"{column}_per_image"] + [
+        "_".join(parts[:i]) + "_per_image_" + "_".join(parts[i:]) for i in range(1, len(parts))
+    ]
+    found = [row[name] for name in names if isinstance(row.get(name), list)]
+    return found[0] if found else None
+
+
+def _is_share(column: str) -> bool:
+    return column == "asr" or column.endswith("_recovered")
+
+
+def interval(row: Mapping[str, Any], column: str, n: int | None) -> tuple[float, float] | None:
+    """The record's 95 % interval for ``row[column]``, or ``None`` when the row cannot give one.
+
+    ``n`` is the number of images behind the row when the row does not say (its ``n``).
+    """
+    value = row.get(column)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if isinstance(value, int):
+        return float(value), float(value)
+    per_image = _per_image(row, column)
+    if per_image is not None and len(per_image) > 1:
+        values = [float(v) for v in per_image]  # ±inf arrive as text ("inf")
+        if not all(map(math.isfinite, values)):
+            return None
+        mean = sum(values) / len(values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        half = Z95 * sd / math.sqrt(len(values))
+        return mean - half, mean + half
+    n = row.get("n", n)
+    if not isinstance(n, int) or n < 2:
+        return None
+    if _is_share(column) and 0 <= value <= 1:
+        return _wilson(value, n)
+    std = row.get(f"{column}_std")
+    if isinstance(std, (int, float)) and math.isfinite(std):
+        half = Z95 * std / math.sqrt(n)
+        return value - half, value + half
+    return None
+
+
+def _wilson(share: float, n: int) -> tuple[float, float]:
+    """The Wilson 95 % interval of a share observed on ``n`` images."""
+    z2 = Z95 * Z95
+    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _agrees(paper: Any, record: Any, low: float, high: float) -> bool | None:
+    """Whether the paper's value (a number, or a bound such as "> 150") fits the interval;
+    ``None`` where it cannot be judged (a count against a rounded number of the paper's)."""
+    if isinstance(paper, bool) or (isinstance(record, int) and not isinstance(paper, (int, str))):
+        return None
+    if isinstance(paper, (int, float)):
+        return low <= paper <= high if math.isfinite(paper) else None
+    bound = _BOUND.match(paper) if isinstance(paper, str) else None
+    if bound is None:
+        return None
+    side, limit = bound.group(1), float(bound.group(2))
+    return low > limit if side == ">" else high < limit
+
+
+def judge(
+    paper_rows: Sequence[Mapping[str, Any]],
+    record_rows: Sequence[Mapping[str, Any]],
+    on: Sequence[str],
+    columns: Sequence[str],
+    n: int | None = None,
+) -> list[Judgement]:
+    """Every value of ``columns`` that a paper row and the record row with the same ``on``
+    values both hold, judged where the record gives an interval (:func:`interval`)."""
+    by_key = {tuple(r.get(k) for k in on): r for r in record_rows}
+    found = []
+    for paper in paper_rows:
+        key = tuple(paper.get(k) for k in on)
+        row = by_key.get(key)
+        if row is None:
+            continue
+        for column in columns:
+            span = interval(row, column, n)
+            agrees = _agrees(paper.get(column), row[column], *span) if span else None
+            if agrees is not None:
+                found.append(
+                    Judgement(
+                        tuple(zip(on, key, strict=True)),
+                        column,
+                        paper[column],
+                        float(row[column]),
+                        span[0],
+                        span[1],
+                        agrees,
+                    )
+                )
+    return found
+
+
+def verdict(judgements: Sequence[Judgement]) -> str:
+    """A record's verdict: "reproduced", "diverges" (with how many values), or "not judged"."""
+    if not judgements:
+        return "not judged (no value of the paper's with an interval in the record)"
+    outside = sum(not j.agrees for j in judgements)
+    if not outside:
+        return f"reproduced ({len(judgements)} of {len(judgements)} values inside)"
+    return f"diverges ({outside} of {len(judgements)} values outside)"

@@ -1,0 +1,81 @@
+"""Verdicts of the reproduction index (leakagelib.verdicts): each rule can both hold and fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from leakagelib import verdicts
+
+
+def test_a_mean_with_per_image_values_gets_the_t_free_normal_interval():
+    row = {"psnr": 2.0, "psnr_per_image": [1.0, 2.0, 3.0]}
+    low, high = verdicts.interval(row, "psnr", n=None)
+    half = verdicts.Z95 * 1.0 / math.sqrt(3)  # sample sd of 1, 2, 3 is 1
+    assert (low, high) == pytest.approx((2.0 - half, 2.0 + half))
+
+
+def test_a_mean_with_a_std_needs_the_number_of_images():
+    row = {"ssim": 0.5, "ssim_std": 0.2}
+    assert verdicts.interval(row, "ssim", n=None) is None
+    low, high = verdicts.interval(row, "ssim", n=16)
+    assert (low, high) == pytest.approx((0.5 - verdicts.Z95 * 0.05, 0.5 + verdicts.Z95 * 0.05))
+    assert verdicts.interval({**row, "n": 4}, "ssim", n=16)[1] == pytest.approx(0.5 + 0.196, 1e-3)
+
+
+def test_a_share_gets_a_wilson_interval_that_stays_in_0_1():
+    low, high = verdicts.interval({"asr": 1.0}, "asr", n=32)
+    assert high == 1.0 and 0.85 < low < 0.9  # Wilson: 32 of 32 still allows about 89 %
+    low, high = verdicts.interval({"asr": 0.0}, "asr", n=32)
+    assert low == 0.0 and 0.1 < high < 0.12
+
+
+def test_values_without_a_spread_or_not_finite_are_not_judged():
+    assert verdicts.interval({"accuracy": 0.6}, "accuracy", n=100) is None
+    assert verdicts.interval({"psnr": 3.0, "psnr_per_image": [1.0, "inf"]}, "psnr", n=None) is None
+    assert verdicts.interval({"twin": True}, "twin", n=10) is None
+
+
+def test_judge_joins_rows_and_reads_counts_bounds_and_intervals():
+    paper = [
+        {"position": 0, "parameters": 100, "asr": 0.97},
+        {"position": 1, "parameters": 200, "asr": 0.01},
+        {"position": 2, "psnr": "> 150", "ra_i": -14000.0},
+    ]
+    record = [
+        {"position": 0, "parameters": 100, "asr": 1.0},
+        {"position": 1, "parameters": 201, "asr": 0.5},
+        {"position": 2, "psnr": 160.0, "psnr_per_image": [159.0, 161.0], "ra_i": -13744},
+    ]
+    found = verdicts.judge(
+        paper, record, on=["position"], columns=["parameters", "asr", "psnr", "ra_i"], n=32
+    )
+    agreed = {(j.row[0][1], j.column): j.agrees for j in found}
+    assert agreed == {
+        (0, "parameters"): True,
+        (0, "asr"): True,
+        (1, "parameters"): False,
+        (1, "asr"): False,
+        (2, "psnr"): True,  # a rounded RA-i of the paper's is not held against an exact count
+    }
+    assert verdicts.verdict(found) == "diverges (2 of 5 values outside)"
+    assert verdicts.verdict([j for j in found if j.agrees]).startswith("reproduced (3 of 3")
+    assert verdicts.verdict([]).startswith("not judged")
+    assert "paper 0.01 outside the record's [" in str(found[3])
+
+
+def test_a_bound_fails_when_the_interval_crosses_it():
+    found = verdicts.judge(
+        [{"k": 1, "psnr": "> 150"}],
+        [{"k": 1, "psnr": 151.0, "psnr_std": 10.0, "n": 4}],
+        ["k"],
+        ["psnr"],
+    )
+    assert [j.agrees for j in found] == [False]
+
+
+def test_per_image_values_are_found_under_either_naming():
+    row = {"psnr_tv": 2.0, "psnr_per_image_tv": [1.0, 2.0, 3.0], "psnr_tv_range": 9.0}
+    assert verdicts.interval(row, "psnr_tv", n=None) is not None
+    assert verdicts.interval(row, "psnr_tv_range", n=None) is None
