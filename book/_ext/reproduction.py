@@ -170,9 +170,9 @@ def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:
     95 % interval (:func:`leakagelib.verdicts.judge`)."""
     from leakagelib import verdicts
 
-    keys, values = split_columns(exp)
     if not exp.reference:
         return []
+    keys, values = split_columns(exp)
     return verdicts.judge(exp.reference, record["rows"], keys, values, images_per_row(exp, record))
 
 
