@@ -55,7 +55,8 @@ def test_figure_claims_hold_on_more_seeds(seed: int):
     fig5 = experiments.run("bayes/fig5-soteria-layers", "ci", seed=seed, progress=False)["rows"]
     assert all(g.low > 0 for g in bayes_claims.fig5_gains(fig5).values())
     assert bayes_claims.fig5_chosen(fig5) == {"fc1"}
-    fig2 = experiments.run("bayes/fig2-training", "ci", seed=seed, progress=False)["rows"]
+    # the claims read Soteria's rows only, so ATS's units are left out (a quarter of the time)
+    fig2 = ci_rows("bayes/fig2-training", seed, ats_policies=())["rows"]
     fig3_step = experiments.get("bayes/fig2-training").config.at("ci").fig3_step
     gains = bayes_claims.fig2_gains(fig2, fig3_step)
     assert len(gains) >= 2 and all(g.low > 0 for g in gains.values()), gains

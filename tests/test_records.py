@@ -65,9 +65,9 @@ def test_registry_checks_ids_rows_and_scales():
 
 def test_paper_rows_need_the_columns_that_name_them_and_distinct_names():
     paper = [{"position": 0, "ssim": 0.9}, {"position": 0, "ssim": 0.1}]
-    with pytest.raises(ValueError, match="give `on`"):
+    with pytest.raises(ValueError, match="must tell the paper's rows apart"):
         registry.experiment("test/paper", row_keys=("position",), reference=paper)(len)
-    with pytest.raises(ValueError, match="share their `on` values"):
+    with pytest.raises(ValueError, match="must tell the paper's rows apart"):
         registry.experiment(
             "test/paper", row_keys=("position",), reference=paper, on=("position",)
         )(len)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -252,10 +252,8 @@ class Experiment:
     ``reference`` the paper's numbers as rows with the same keys as the
     experiment's own rows (what :func:`leakagelib.reporting.compare` puts
     beside them), and ``reference_source`` where in the paper they stand;
-    ``on`` the columns that name a row, by which a run's rows are joined with
-    the paper's (a parameter count or an RA-i is measured, not a name, though
-    it is an integer); ``work`` counts what a run computes, per unit (:mod:`.work`), for the
-    time estimates of ``campaign`` (:mod:`.estimate`).
+    ``on`` the columns that name a row; ``work`` each unit's computation
+    (:mod:`.work`), for the time estimates of ``campaign`` (:mod:`.estimate`).
     """
 
     id: str
@@ -282,7 +280,7 @@ def experiment(
     reference_source: str = "",
     datasets: Iterable[str] = (),
     work: WorkFn | None = None,
-    on: Iterable[str] = (),
+    on: Sequence[str] = (),
 ) -> Callable[[ExperimentFn], ExperimentFn]:
     """Register ``fn(ctx) -> rows`` under ``id``; every row must carry ``row_keys``.
 
@@ -291,24 +289,19 @@ def experiment(
     ``reference_source`` the table or figure they come from; ``datasets``
     the logical dataset names it loads (what ``--data NAME=...`` may replace);
     ``work(ctx)`` the loads of each unit of a run in ``ctx`` (:mod:`.work`);
-    ``on`` the columns that name a row (required with ``reference``: they join
-    a run's rows with the paper's, in the chapters and the reproduction index).
+    ``on`` the columns that tell the paper's rows apart (required with ``reference``).
     """
-    on = tuple(on)
 
     def decorate(fn: ExperimentFn) -> ExperimentFn:
         if id in _EXPERIMENTS:
             raise ValueError(f"experiment id {id!r} is registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         rows = tuple(dict(r) for r in reference)
-        if rows and not on:
-            raise ValueError(f"experiment {id!r}: give `on`, the columns that name a paper row")
-        keys = [tuple(r.get(k) for k in on) for r in rows]
-        if len(set(keys)) < len(keys):
-            raise ValueError(f"experiment {id!r}: two paper rows share their `on` values {on}")
+        if rows and (not on or len({tuple(r.get(k) for k in on) for r in rows}) < len(rows)):
+            raise ValueError(f"experiment {id!r}: `on` {on} must tell the paper's rows apart")
         _EXPERIMENTS[id] = Experiment(
             id, fn, tuple(row_keys), summary, config, rows, reference_source, tuple(datasets),
-            work, on,
+            work, tuple(on),
         )  # fmt: skip
         return fn
 
