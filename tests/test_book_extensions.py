@@ -15,6 +15,7 @@ import os
 import platform
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,6 +36,7 @@ reproduction = _load("reproduction")
 bibstyle = _load("bibstyle")
 provenance = _load("provenance")
 execution_guard = _load("execution_guard")
+widget_scripts = _load("widget_scripts")
 
 CHAPTERS = {f"book/{p.stem}": p for p in sorted(BOOK.glob("*.ipynb"))}
 
@@ -73,6 +75,21 @@ def test_every_experiment_is_run_by_a_chapter_of_the_book():
     running = reproduction.running_chapters(CHAPTERS)
     assert set(running) == set(experiments.available())
     assert not [exp_id for exp_id, docs in running.items() if not docs]
+
+
+def test_the_intros_map_names_the_experiments_each_chapter_runs():
+    """Each chapter's row in the introduction's table names exactly the experiments whose ids
+    its code quotes (as the reproduction index finds them)."""
+    rows = {
+        f"book/{m.group(1)}": set(re.findall(r"`([a-z]+/[\w-]+)`", m.group(2)))
+        for m in re.finditer(
+            r"^\| \{doc\}`(\w+)` \|(.*)\|$", (BOOK / "intro.md").read_text(), re.MULTILINE
+        )
+    }
+    running = reproduction.running_chapters(CHAPTERS)
+    for doc in CHAPTERS:
+        named = {exp_id for exp_id, docs in running.items() if doc in docs}
+        assert rows.get(doc) == named, (doc, rows.get(doc))
 
 
 def test_commands_and_records_sections_cover_the_registry():
@@ -347,3 +364,15 @@ def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_p
     assert reporting.results_record("bayes/table5-priors")[1] == (
         " (the record's run changed victims to 16)"
     )
+
+
+def test_the_widget_manager_leaves_every_page_but_stays_in_myst_nbs_per_page_list():
+    """jupyter-book lists every script under _static for every page; the one myst-nb adds to
+    pages with widgets (``nb_ipywidgets_js``) is taken off that list, in either form."""
+    config = SimpleNamespace(
+        nb_ipywidgets_js={"widgets/widgets.js": {"data-jupyter-widgets-cdn": "widgets/"}},
+        html_js_files=["widgets/widgets.js", ("widgets/widgets.js", {}), "other.js"],
+    )
+    widget_scripts.drop_global_widget_manager(None, config)
+    assert config.html_js_files == ["other.js"]
+    assert "widgets/widgets.js" in config.nb_ipywidgets_js

@@ -8,8 +8,7 @@ whenever the chapter runs, so the book build executes every solution and
 a Summary (before its exercises) whose numbers are glued from the run; a
 chapter with a paper scale includes the GPU note from the one shared file,
 ``book/_gpu.md``, right after its title; and every ``{glue:…}`` role on a page
-names a key that one of the page's code cells glues. The introduction's map of chapters names
-every experiment each chapter runs.
+names a key that one of the page's code cells glues.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import yaml
 from test_chapters import CHAPTERS, IDS, ROOT
 
 GPU_NOTE = ROOT / "book" / "_gpu.md"
-INTRO = ROOT / "book" / "intro.md"
 GPU_INCLUDE = "```{include} _gpu.md\n```"
 EXERCISE = re.compile(r"^`{3,}\{exercise\}[^\n]*\n:label: (\S+)", re.MULTILINE)
 SOLUTION_START = re.compile(r"^`{3,}\{solution-start\} (\S+)", re.MULTILINE)
@@ -159,20 +157,3 @@ def test_every_glued_number_is_glued_by_the_chapter(path: Path):
     patterns = [p for source in code for p in key_patterns(source)]
     missing = {k for k in used - glued if not any(p.fullmatch(k) for p in patterns)}
     assert not missing, f"{path.name}: glue keys used but never glued: {sorted(missing)}"
-
-
-def test_the_intros_map_lists_every_experiment_each_chapter_runs():
-    """Each chapter's row in the introduction's table names the registered experiments whose
-    ids the chapter's code names (runs, or reads the records of), and no others."""
-    from leakagelib import experiments
-
-    known = set(experiments.available())
-    rows = {
-        m.group(1): set(re.findall(r"`([a-z]+/[\w-]+)`", m.group(2)))
-        for m in re.finditer(r"^\| \{doc\}`(\w+)` \|(.*)\|$", INTRO.read_text(), re.MULTILINE)
-    }
-    for path in CHAPTERS:
-        code = "\n".join(c["source"] for c in cells(path) if c["cell_type"] == "code")
-        named = {i for i in known if re.search(rf"""["']{re.escape(i)}["']""", code)}
-        assert path.stem in rows, f"intro.md's map has no row for {path.stem}"
-        assert rows[path.stem] == named, (path.stem, rows[path.stem] ^ named)
