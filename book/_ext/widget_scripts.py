@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The widget manager's script, relative to ``_static`` (the Makefile writes it there).
-WIDGETS_JS = "widgets/widgets.js"
-
 
 def _script_name(entry: Any) -> str:
     """The file an ``html_js_files`` entry names (a path, or a ``(path, attributes)`` pair)."""
@@ -24,10 +21,10 @@ def _script_name(entry: Any) -> str:
 
 
 def drop_global_widget_manager(app: Any, config: Any) -> None:
-    """Remove the widget manager from the scripts that every page loads."""
-    config.html_js_files = [
-        entry for entry in config.html_js_files if _script_name(entry) != WIDGETS_JS
-    ]
+    """Remove from the scripts that every page loads those myst-nb loads on pages with widgets
+    (the keys of ``nb_ipywidgets_js``)."""
+    per_page = set(config.nb_ipywidgets_js)
+    config.html_js_files = [e for e in config.html_js_files if _script_name(e) not in per_page]
 
 
 def setup(app: Any) -> dict[str, Any]:
