@@ -193,18 +193,24 @@ def test_compression_zeroes_exactly_the_share_per_layer(rate: float) -> None:
 # ---------------------------------------------------------------------------- Soteria
 
 
-def test_soteria_scores_match_the_reference_loop(batch) -> None:
+@pytest.mark.parametrize("layer", ["3", "5"])
+def test_soteria_scores_match_the_reference_loop(batch, layer: str) -> None:
+    """Layer 3 reads 144 features of a 36-pixel image (forward mode, over the pixels), layer 5
+    reads 12 (reverse mode, over the features); both in several passes of 8 rows."""
     net = small_net().eval()
     images = batch[0]
-    scores = soteria_scores(net, images, "3", chunk=5)
+    scores = soteria_scores(net, images, layer, rows=8)
     # Reference: one backward pass per feature, as in jeremy313/Soteria.
     x = images.clone().requires_grad_(True)
-    r = net[2](net[1](net[0](x)))
+    r = net[: int(layer)](x)
     expected = torch.zeros(r.shape[1])
     for f in range(r.shape[1]):
         (grad,) = torch.autograd.grad(r[:, f].sum(), x, retain_graph=True)
         expected[f] = (grad.reshape(x.shape[0], -1).norm(dim=1) / (r[:, f].detach() + 0.1)).sum()
     assert torch.allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    per_image = soteria_scores(net, images, layer, per_image=True)
+    assert per_image.shape == (5, r.shape[1])
+    assert torch.allclose(per_image.sum(dim=0), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_soteria_prunes_columns_of_the_defended_layer_only(batch) -> None:
