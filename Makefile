@@ -7,10 +7,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv book test lint unit chapters seeds offline-check coursework grading clean
 
+# pip compiles the modules it installs to bytecode on one core; compileall does it on all of them
+# (torch's thousands of modules: about a quarter of the install's time on two cores). A few files
+# shipped in the packages do not compile (pip skips them too), hence the `|| true`.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-compile -r requirements.txt
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	$(BIN)/python -m pip install -q --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (leakagelib)"
 	touch $@
