@@ -13,7 +13,10 @@ confidence interval for the same quantity:
   interval;
 * a count (parameters, RA-i): equality with the paper's count (not with a number the paper
   rounds, such as an RA-i to two significant figures);
-* a bound the paper states as text ("> 150"): the whole interval on its side.
+* a bound the paper states as text ("> 150"): the whole interval on its side; a paper row
+  whose row names are all :data:`EVERY_IMAGE` ("every image", as ``bayes/precode-mlp``'s
+  "> 150 dB on every image") states the bound of each image, and is judged against every
+  record row, each row's value on its own.
 
 The paper's own sampling error is not counted, so the test is strict: over many images a record
 close to the paper can still fall outside. A value with no interval (an accuracy, a condition
@@ -28,7 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Judgement", "interval", "judge", "verdict"]
+__all__ = ["EVERY_IMAGE", "Judgement", "interval", "judge", "verdict"]
+
+#: What a paper row names instead of a row when its bound holds for each image of the record.
+EVERY_IMAGE = "every image"
 
 #: The two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
@@ -133,30 +139,35 @@ def judge(
     n: int | None = None,
 ) -> list[Judgement]:
     """Every value of ``columns`` that a paper row and the record row with the same ``on``
-    values both hold, judged where the record gives an interval (:func:`interval`)."""
+    values both hold, judged where the record gives an interval (:func:`interval`); a paper
+    row of :data:`EVERY_IMAGE` is judged against each record row."""
     by_key = {tuple(r.get(k) for k in on): r for r in record_rows}
     found = []
     for paper in paper_rows:
         key = tuple(paper.get(k) for k in on)
-        row = by_key.get(key)
-        if row is None:
-            continue
-        for column in columns:
-            span = interval(row, column, n)
-            agrees = _agrees(paper.get(column), row[column], *span) if span else None
-            if agrees is not None:
-                found.append(
-                    Judgement(
-                        tuple(zip(on, key, strict=True)),
-                        column,
-                        paper[column],
-                        float(row[column]),
-                        span[0],
-                        span[1],
-                        agrees,
+        every = bool(key) and all(k == EVERY_IMAGE for k in key)
+        rows = record_rows if every else [by_key[key]] if key in by_key else []
+        for row in rows:
+            for column in columns:
+                span = _each(row, column, paper.get(column)) if every else interval(row, column, n)
+                agrees = _agrees(paper.get(column), row[column], *span) if span else None
+                if agrees is not None:
+                    where = tuple(zip(on, (row.get(k) for k in on), strict=True))
+                    found.append(
+                        Judgement(where, column, paper[column], float(row[column]), *span, agrees)
                     )
-                )
     return found
+
+
+def _each(row: Mapping[str, Any], column: str, paper: Any) -> tuple[float, float] | None:
+    """One image's own value as its "interval", where the paper states a bound of every image
+    (a number of the paper's is not about each image, and is not judged so)."""
+    value = row.get(column)
+    if not (isinstance(paper, str) and _BOUND.match(paper)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value), float(value)
 
 
 def verdict(judgements: Sequence[Judgement]) -> str:

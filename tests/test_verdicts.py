@@ -79,3 +79,17 @@ def test_per_image_values_are_found_under_either_naming():
     row = {"psnr_tv": 2.0, "psnr_per_image_tv": [1.0, 2.0, 3.0], "psnr_tv_range": 9.0}
     assert verdicts.interval(row, "psnr_tv", n=None) is not None
     assert verdicts.interval(row, "psnr_tv_range", n=None) is None
+
+
+def test_a_bound_of_every_image_is_judged_on_each_record_row():
+    paper = [{"image": verdicts.EVERY_IMAGE, "psnr": "> 150", "label": 3}]
+    rows = [{"image": i, "psnr": p, "label": 3} for i, p in enumerate([161.8, 155.1, 170.0])]
+    found = verdicts.judge(paper, rows, ["image"], ["psnr", "label"])
+    assert [j.row for j in found] == [(("image", 0),), (("image", 1),), (("image", 2),)]
+    assert all(j.agrees and j.low == j.high == j.record for j in found)  # the label: no bound
+    assert verdicts.verdict(found) == "reproduced (3 of 3 values inside)"
+    rows[1]["psnr"] = 149.0  # one image below the bound
+    found = verdicts.judge(paper, rows, ["image"], ["psnr"])
+    assert [j.agrees for j in found] == [True, False, True]
+    assert "image 1: psnr, paper > 150 outside the record's 149" in str(found[1])
+    assert verdicts.verdict(found) == "diverges (1 of 3 values outside)"

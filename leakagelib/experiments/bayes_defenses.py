@@ -28,6 +28,7 @@ from ..data import Normalizer
 from ..defenses import ATSAugmentation, Soteria
 from ..fl import TrainResult, train
 from ..records import image_lists
+from ..verdicts import EVERY_IMAGE
 from .bayes_soteria import (
     SOTERIA_CI,
     SOTERIA_PAPER,
@@ -327,7 +328,7 @@ def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
             "paper's other networks (A.1, A.2)",
         },
     ),
-    reference=[{"image": "every image", "psnr": "> 150"}],
+    reference=[{"image": EVERY_IMAGE, "psnr": "> 150"}],
     reference_source="§6: 'In all of our PRECODE experiments we obtain perfect reconstruction "
     "with PSNR values > 150'",
     datasets=("cifar10",),
