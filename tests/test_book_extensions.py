@@ -3,7 +3,7 @@
 The reproduction index lists every registered experiment with its paper,
 chapter and record; the bibliography lists the cited works only, labelled
 author–year as the text cites them; the status page states the build's
-versions, hardware and commit; the execution guard keeps nbclient's Output-widget mimic off
+versions, hardware and commit; the teachers' page counts each chapter's workload; the execution guard keeps nbclient's Output-widget mimic off
 the shell channel and names a stalled chapter and cell.
 """
 
@@ -37,6 +37,7 @@ bibstyle = _load("bibstyle")
 provenance = _load("provenance")
 execution_guard = _load("execution_guard")
 widget_scripts = _load("widget_scripts")
+workload = _load("workload")
 
 CHAPTERS = {f"book/{p.stem}": p for p in sorted(BOOK.glob("*.ipynb"))}
 
@@ -376,3 +377,41 @@ def test_the_widget_manager_leaves_every_page_but_stays_in_myst_nbs_per_page_lis
     widget_scripts.drop_global_widget_manager(None, config)
     assert config.html_js_files == ["other.js"]
     assert "widgets/widgets.js" in config.nb_ipywidgets_js
+
+
+def _cell(kind: str, source: str, tags: tuple[str, ...] = ()) -> dict:
+    return {"cell_type": kind, "source": source, "metadata": {"tags": list(tags)}}
+
+
+def test_the_workload_counts_what_a_student_reads_and_runs(tmp_path: Path):
+    cells = [
+        _cell("markdown", "# One two three\n\nFour five {glue:text}`six`."),
+        _cell("markdown", "````{exercise} Seven\n:label: x-ex\n\nEight nine.\n````"),
+        _cell("markdown", "```{solution-start} x-ex\n:class: dropdown\n```\n\nHidden words."),
+        _cell("code", "answer = 1", ("solution",)),
+        _cell("markdown", "More hidden.\n```{solution-end}\n```"),
+        _cell("code", "shown = 2"),
+        _cell("code", "assert shown", ("remove-cell",)),
+    ]
+    notebook = tmp_path / "chapter.ipynb"
+    notebook.write_text(json.dumps({"cells": cells}))
+    counts = workload.workload(notebook)
+    # "# One two three / Four five six" and "Seven / Eight nine": role names, directive
+    # fences and options, and everything between a solution's start and end are not read
+    assert counts == {"words": 9, "minutes": 1, "code cells": 1, "exercises": 1}
+
+
+def test_the_workload_table_has_every_chapter_in_the_tocs_order():
+    names = workload.chapters(ROOT)
+    assert sorted(names) == sorted(CHAPTERS), "every chapter, and only chapters"
+    lines = workload.workload_lines(ROOT)
+    assert [line.split(" | ")[0] for line in lines[2:-1]] == [f"| {{doc}}`/{n}`" for n in names]
+    total = [c.strip() for c in lines[-1].strip("|").split(" | ")]
+    words = sum(workload.workload(ROOT / f"{n}.ipynb")["words"] for n in names)
+    assert total[0] == "all chapters" and total[1] == f"{words:,}"
+    assert int(total[4]) == sum(len(re.findall(r"\{exercise\}", _prose(n))) for n in names)
+
+
+def _prose(name: str) -> str:
+    cells = json.loads((ROOT / f"{name}.ipynb").read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
