@@ -208,6 +208,8 @@ def test_soteria_scores_match_the_reference_loop(batch, layer: str) -> None:
         (grad,) = torch.autograd.grad(r[:, f].sum(), x, retain_graph=True)
         expected[f] = (grad.reshape(x.shape[0], -1).norm(dim=1) / (r[:, f].detach() + 0.1)).sum()
     assert torch.allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="rows must be a positive integer"):
+        soteria_scores(net, images, layer, rows=0)
     per_image = soteria_scores(net, images, layer, per_image=True)
     assert per_image.shape == (5, r.shape[1])
     assert torch.allclose(per_image.sum(dim=0), expected, rtol=1e-5, atol=1e-6)

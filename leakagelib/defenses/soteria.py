@@ -142,6 +142,8 @@ def soteria_scores(
     """
     if images.dim() != 4:
         raise ValueError(f"images must be N×C×H×W, got shape {tuple(images.shape)}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows must be a positive integer (rows per batched pass), got {rows!r}")
     width = _defended(model, layer).in_features
     pixels = images[0].numel()
     route = _row_norms_forward if pixels < width else _row_norms_reverse
