@@ -6,7 +6,9 @@ types (convolution, dense, group norm, batch norm in eval mode, layer norm
 via the MLP's norms), the likelihoods (the factored Gaussian and cosine, and
 the materialising ℓ1 and pruned ones), layer selections, several settings
 with different likelihoods and priors, restarts, Monte-Carlo samples, joint
-reconstruction of two images, soft labels and R-GAP's logistic loss.
+reconstruction of two images, soft labels, R-GAP's logistic loss, and the
+variational bottlenecks (PRECODE, CVB), whose noise each route draws its own
+way, compared with that noise held at zero.
 """
 
 from __future__ import annotations
@@ -145,8 +147,6 @@ def test_models_that_mix_rows_are_refused_by_hooks_and_use_vmap():
     model.eval()
     model[1].norm.track_running_stats = False
     assert "batch statistics" in unsupported_reason(model)
-    stochastic = build("bayes-cnn", (1, 12, 12), 10, bottleneck="precode")
-    assert "PRECODE" in unsupported_reason(stochastic)
     shape = (1, 2, 1, 1, 3, 16, 16)
     args = (model, observed, labels, [Setting(0.1, 1.0, 0.1)], Gaussian(0.1), Uniform())
     with pytest.raises(ValueError, match="engine='hooks' cannot batch attacks.*batch statistics"):
@@ -213,3 +213,48 @@ def test_conv_weight_gradients_equal_each_attacks_own_gradient(channels, size, s
     # differentiable in both arguments, as the attack's second backward needs
     ga, gd = torch.autograd.grad(got.pow(2).sum(), (a, delta))
     assert ga.abs().sum() > 0 and gd.abs().sum() > 0
+
+
+def _bottleneck_case(spec: dict | None, n_updates: int = 2):
+    from leakagelib.experiments.cvb_common import cnn
+
+    model = cnn(spec, seed=0)
+    torch.manual_seed(0)
+    x = torch.rand(n_updates, *model[0].in_shape)
+    y = torch.arange(n_updates)
+    return model, per_sample_updates(model, x, y), y[:, None]
+
+
+@pytest.mark.parametrize("spec", [None, {"kind": "cvb", "position": 1},
+                                  {"kind": "precode", "position": 3, "K": 32, "bias": False}],
+                         ids=["cnn", "cvb", "precode"])  # fmt: skip
+@pytest.mark.parametrize("lik", [Gaussian(0.1), Cosine()], ids=["gaussian", "cosine"])
+def test_engines_agree_through_bottlenecks_with_the_noise_held_at_zero(spec, lik, monkeypatch):
+    """PRECODE and CVB (its encoders' "same" padding included) are batched by hooks; with
+    their noise at zero both routes compute one objective."""
+    model, observed, labels = _bottleneck_case(spec)
+    assert unsupported_reason(model) is None
+    monkeypatch.setattr(torch, "randn_like", torch.zeros_like)
+    cfg = AttackConfig(steps=1)
+    a, b = _both(model, observed, labels, [Setting(0.1, 1.0, 0.1)], lik, TotalVariation(), cfg)
+    _close(a, b)
+
+
+def test_each_attack_draws_its_own_bottleneck_noise():
+    """Two attacks on the same update from the same iterate differ through the noise alone,
+    and agree once it is held at zero."""
+    model, observed, labels = _bottleneck_case({"kind": "cvb", "position": 1}, n_updates=1)
+    observed = {k: v.expand(2, *v.shape[1:]) for k, v in observed.items()}
+    labels = labels.expand(2, 1)
+    shape = (1, 2, 1, 1, *model[0].in_shape)
+    x = torch.rand(model[0].in_shape).expand(shape).contiguous()
+    z, d = torch.zeros((*shape[:4], 10)), torch.zeros((*shape[:3], 1, *shape[3:]))
+    args = (model, observed, labels, [Setting(0.1, 1.0, 0.0)], Gaussian(0.1), Uniform())
+    f = batched_objective(*args, AttackConfig(engine="hooks"), shape=shape, loss="ce",
+                          device=torch.device("cpu"))  # fmt: skip
+    _, _, value = f(x, z, d)
+    assert value[0, 0] != value[0, 1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "randn_like", torch.zeros_like)
+        _, _, value = f(x, z, d)
+    assert value[0, 0] == value[0, 1]

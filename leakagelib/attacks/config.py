@@ -126,7 +126,8 @@ class AttackConfig:
       from recorded activations, :mod:`.per_attack`; models whose rows are
       independent), ``"vmap"`` (:func:`torch.func.vmap` over attacks; any
       model) or ``"auto"`` (hooks where the model allows). Both give the same
-      objective; only the speed differs.
+      objective; only the speed differs (and, through a variational
+      bottleneck, which noise each attack draws: the same distribution).
     """
 
     steps: int = 200

@@ -32,9 +32,12 @@ grad samplers; the "ghost norm" of Goodfellow 2015 and Li et al. 2022,
 
 Only models in which every row is computed on its own qualify
 (:func:`unsupported_reason`): a batch-norm layer in training mode mixes the
-rows of different attacks, and a stochastic bottleneck would draw its noise
-differently from the ``vmap`` route; such models use ``vmap``. Both routes
-give the same objective and gradient (``tests/test_per_attack.py``). Used by
+rows of different attacks, so such models use ``vmap``. Both routes give the
+same objective and gradient (``tests/test_per_attack.py``). A variational
+bottleneck (PRECODE, CVB; a module that declares ``rows_independent``) draws
+each row's noise on its own, so every attack gets noise of its own, as under
+``vmap(..., randomness="different")``: the same distribution, other draws
+(the tests compare the two routes with the noise held at zero). Used by
 every optimisation attack through :func:`leakagelib.attacks.objective.batched_objective`.
 """
 
@@ -72,10 +75,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     """Why the hooked route cannot batch attacks on ``model``, or ``None`` when it can."""
     for name, module in model.named_modules():
         where = name or "the model"
-        if isinstance(module, nn.Conv2d) and (
-            module.groups != 1 or isinstance(module.padding, str)
-        ):
-            return f"{where} is a grouped or string-padded convolution"
+        if isinstance(module, nn.Conv2d) and (module.groups != 1 or _padding(module) is None):
+            return f"{where} is a grouped or asymmetrically padded convolution"
         if isinstance(module, nn.Conv2d) and module.padding_mode != "zeros":
             return f"{where} pads with {module.padding_mode!r}, not zeros"
         if isinstance(module, nn.BatchNorm1d | nn.BatchNorm2d) and (
@@ -83,6 +84,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
         ):
             return f"{where} is a batch norm using batch statistics (it mixes attacks' rows)"
         if isinstance(module, (*_PARAMETRISED, *_ROWWISE, *_CONTAINERS)):
+            continue
+        if getattr(module, "rows_independent", False):  # bottlenecks (defenses.bottlenecks)
             continue
         if any(True for _ in module.children()):
             return (
@@ -151,9 +154,21 @@ def _channel_sums(t: Tensor, module: nn.Module, attacks: int) -> Tensor:
 UNFOLD_MAX_FAN_IN, UNFOLD_MAX_POSITIONS = 16, 64
 
 
+def _padding(module: nn.Conv2d) -> tuple[int, ...] | None:
+    """The convolution's padding as numbers per side: ``"valid"`` is none, ``"same"`` (stride 1)
+    is half the dilated kernel where that is symmetric (odd kernels); ``None`` otherwise."""
+    if not isinstance(module.padding, str):
+        return tuple(module.padding)
+    if module.padding == "valid":
+        return (0,) * len(module.kernel_size)
+    spans = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size, strict=True)]
+    return None if any(s % 2 for s in spans) else tuple(s // 2 for s in spans)
+
+
 def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor, attacks: int) -> Tensor:
     """Per-attack weight gradients ``attacks × O × C × k × k`` of one convolution call."""
     rows = a.shape[0] // attacks
+    padding = _padding(module)
     fan_in = module.weight[0].numel()
     if fan_in > UNFOLD_MAX_FAN_IN and rows * delta[0, 0].numel() > UNFOLD_MAX_POSITIONS:
         # the attacks' rows side by side as channel groups: n × (attacks·C) × H × W
@@ -161,11 +176,11 @@ def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor, attacks:
         d_g = delta.reshape(attacks, rows, *delta.shape[1:]).transpose(0, 1).flatten(1, 2)
         weight = module.weight.detach().repeat(attacks, 1, 1, 1)
         grads = torch.ops.aten.convolution_backward(
-            d_g, a_g, weight, None, module.stride, module.padding, module.dilation, False,
+            d_g, a_g, weight, None, module.stride, padding, module.dilation, False,
             (0, 0), attacks, (False, True, False),
         )[1]  # fmt: skip
         return grads.reshape(attacks, *module.weight.shape)
-    u = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
+    u = F.unfold(a, module.kernel_size, module.dilation, padding, module.stride)
     u = u.reshape(attacks, -1, *u.shape[1:])  # attacks × n × C·k·k × L
     d = delta.reshape(attacks, -1, module.out_channels, u.shape[-1])  # attacks × n × O × L
     return torch.einsum("bnol,bnkl->bok", d, u).reshape(attacks, *module.weight.shape)

@@ -65,10 +65,16 @@ class VariationalBottleneck(nn.Module):
     Subclasses set ``self.last_kl`` (the un-weighted KL divergence of the last
     forward pass, a scalar) and implement ``forward``. ``kl_term()`` is
     ``β·last_kl``, the quantity :func:`kl_loss` adds to the training loss.
+    Every row of a batch is encoded, sampled with its own noise and decoded
+    on its own (:attr:`rows_independent`), so the attacks' hooked engine
+    (:mod:`leakagelib.attacks.per_attack`) can batch attacks through it.
     """
 
     beta: float
     last_kl: Tensor | None
+    #: Each output row depends on its own input row and its own noise only (the KL term, which
+    #: averages over the batch, is not part of the update a client shares).
+    rows_independent = True
 
     def __init__(self, beta: float) -> None:
         super().__init__()
@@ -237,6 +243,9 @@ class TokenGrid(nn.Module):
     reshaped back, as the CVB paper does for its ViT (§VI-D; hidden size 256 =
     16²).
     """
+
+    #: Each token grid is reshaped and passed through the bottleneck on its own.
+    rows_independent = True
 
     def __init__(self, bottleneck: nn.Module, hidden_size: int) -> None:
         super().__init__()
