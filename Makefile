@@ -76,7 +76,7 @@ test: lint
 ALL_CHAPTERS := $(basename $(notdir $(wildcard book/*.ipynb)))
 
 # The chapters executed with seeds 1 and 2 (make test runs the two cheapest; this target all
-# twelve, about 25 minutes on two cores).
+# twelve, 8.5 minutes on one core of the machine the README names).
 seeds: $(STAMP)
 	SEED_CHAPTERS="$(ALL_CHAPTERS)" $(BIN)/pytest tests/test_chapter_seeds.py
 
