@@ -92,7 +92,9 @@ def results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
     note saying how many units a pending record has and which registered settings its run
     changed (``reproduce --set``, e.g. fewer victims on a CPU; else ``""``): what
     :func:`compare` shows, for chapters that discuss the record beside the paper
-    (``(None, "")`` where there is none)."""
+    (``(None, "")`` where there is none). A pending record comes as a finished one's ``rows``,
+    ``scale`` and ``settings_changed``, so :func:`~leakagelib.verdicts.images_per_row` reads
+    both alike."""
     from .experiments.resume import pending_record
     from .records import paper_record
 
@@ -102,8 +104,12 @@ def results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
         used = {k: v["used"] for k, v in (record or {}).get("settings_changed", {}).items()}
         return record, _changed_note(used)
     rows = [row for rows in partial.units.values() for row in rows]
+    changes = partial.identity.get("changes", {})
     note = f" (record pending: {len(partial.units)} of {partial.total} units run)"
-    return {"rows": rows}, note + _changed_note(partial.identity.get("changes", {}))
+    settings = {k: {"used": v} for k, v in changes.items()}  # a finished record's form
+    return {"rows": rows, "scale": "paper", "settings_changed": settings}, note + _changed_note(
+        changes
+    )
 
 
 def _changed_note(changes: Mapping[str, Any]) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVERY_IMAGE", "Judgement", "interval", "judge", "verdict"]
+__all__ = ["EVERY_IMAGE", "Judgement", "images_per_row", "interval", "judge", "verdict"]
 
 #: What a paper row names instead of a row when its bound holds for each image of the record.
 EVERY_IMAGE = "every image"
@@ -168,6 +168,18 @@ def _each(row: Mapping[str, Any], column: str, paper: Any) -> tuple[float, float
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value), float(value)
+
+
+def images_per_row(exp: Any, record: Mapping[str, Any]) -> int | None:
+    """How many images stand behind a record row that does not say (its ``n``): the
+    ``victims`` the run used (``reproduce --set victims=…``, which the record keeps in
+    ``settings_changed``), else the experiment's registered value at the record's scale. The
+    ``n`` that :func:`judge` needs, for the reproduction index and for a chapter that judges a
+    record in its text (``variational_bottlenecks``)."""
+    changed = record.get("settings_changed", {}).get("victims")
+    if changed is not None:
+        return changed["used"]
+    return exp.config.at(record.get("scale", "paper")).get("victims")
 
 
 def verdict(judgements: Sequence[Judgement]) -> str:

@@ -367,6 +367,28 @@ def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_p
     )
 
 
+def test_the_images_behind_a_record_row_are_the_victims_its_run_used(tmp_path, monkeypatch):
+    """``verdicts.images_per_row``: a run's ``--set victims=…`` wins over the registered count,
+    for a finished record and for a pending one alike (the chapters judge both)."""
+    from leakagelib import experiments, verdicts
+    from leakagelib.experiments.resume import PartialRecord
+
+    exp = experiments.get("cvb/table1-ignore")
+    registered = exp.config.at("paper").get("victims")
+    assert verdicts.images_per_row(exp, {"scale": "paper", "rows": []}) == registered
+    assert verdicts.images_per_row(exp, {"scale": "ci", "rows": []}) == exp.config.at("ci").get(
+        "victims"
+    )
+    changed = {"scale": "paper", "settings_changed": {"victims": {"registered": 128, "used": 8}}}
+    assert verdicts.images_per_row(exp, changed) == 8
+    monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
+    identity = {"scale": "paper", "seed": 0, "changes": {"victims": 5}}
+    path = tmp_path / "cvb-table1-ignore.json.partial"
+    PartialRecord(path, identity, resume=False).add("u", [{"position": 0}], 6.0, 11)
+    pending, _ = reporting.results_record("cvb/table1-ignore")
+    assert verdicts.images_per_row(exp, pending) == 5 != registered
+
+
 def test_the_widget_manager_leaves_every_page_but_stays_in_myst_nbs_per_page_list():
     """jupyter-book lists every script under _static for every page; the one myst-nb adds to
     pages with widgets (``nb_ipywidgets_js``) is taken off that list, in either form."""

@@ -156,15 +156,6 @@ def pending(exp_id: str) -> tuple[str, str, str]:
     return status, duration(sum(partial.seconds.values())), ", ".join(made)
 
 
-def images_per_row(exp: Any, record: dict[str, Any]) -> int | None:
-    """How many images stand behind a record row that does not say (its ``n``): the
-    ``victims`` the run used (``reproduce --set victims=…``, else the registered value)."""
-    changed = record.get("settings_changed", {}).get("victims")
-    if changed is not None:
-        return changed["used"]
-    return exp.config.at(record["scale"]).get("victims")
-
-
 def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:
     """Every number of the paper's that ``record`` holds too, judged against the record's
     95 % interval (:func:`leakagelib.verdicts.judge`)."""
@@ -173,7 +164,9 @@ def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:
     if not exp.reference:
         return []
     keys, values = split_columns(exp)
-    return verdicts.judge(exp.reference, record["rows"], keys, values, images_per_row(exp, record))
+    return verdicts.judge(
+        exp.reference, record["rows"], keys, values, verdicts.images_per_row(exp, record)
+    )
 
 
 def index_lines(chapters: dict[str, Path]) -> list[str]:
