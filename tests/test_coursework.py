@@ -254,3 +254,13 @@ def test_grading_runs_with_the_builds_fix_for_the_widget_stall(monkeypatch, tmp_
     with pytest.raises(RuntimeError, match="stop before grading"):
         coursework.grade("client_updates", tmp_path / "submission.ipynb")
     assert seen == [guard._no_sync]
+
+
+def test_the_autograder_installs_the_release_the_install_cells_pin(tmp_path: Path):
+    """Otter's grading image installs the library at the tag the chapters' install cells name
+    (``tools/install_cells.py``), not whatever the repository's default branch holds."""
+    lines = coursework._requirements(tmp_path).read_text().splitlines()
+    cells = sys.modules["install_cells"]
+    url = cells.repository_url(cells.read_config())
+    assert lines[-1] == f"leakagelib @ git+{url}@v{cells.package_version()}", lines
+    assert sum(line.startswith("leakagelib") for line in lines) == 1, lines

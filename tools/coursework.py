@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "book" / "_ext"))
 from coursework_read import ROOT, Chapter, Exercise, Plan, chapters, plan, read_chapter  # noqa: E402
 from execution_guard import keep_widget_outputs_client_side  # noqa: E402
+from install_cells import install_requirement, package_version  # noqa: E402
 
 OUT = ROOT / "_build" / "coursework"
 INCLUDE = re.compile(r"^(`{3,})\{include\}[ \t]+(\S+)[ \t]*\n\1[ \t]*$", re.MULTILINE)
@@ -133,12 +134,13 @@ def _question(ex: Exercise, steps: Plan, public_tests: bool) -> list[nbformat.No
 
 def _requirements(folder: Path) -> Path:
     """The autograder's requirements (for Otter's Docker grading): the book's pins (Otter adds
-    its own) and the library from the repository that ``_config.yml`` names."""
+    its own) and the library from the repository that ``_config.yml`` names, pinned to the
+    release the chapters' install cells pin (``tools/install_cells.py``)."""
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     pins = [p for p in (ROOT / "requirements.txt").read_text().splitlines() if "otter" not in p]
     path = folder / "requirements.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([*pins, f"leakagelib @ git+{url}", ""]))
+    path.write_text("\n".join([*pins, install_requirement(url, package_version()), ""]))
     return path
 
 
