@@ -6,14 +6,15 @@ same way (channels last, grey maps for one channel, values clipped to [0, 1]).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-__all__ = ["image_array", "show_grid", "show_rows"]
+__all__ = ["image_array", "show_grid", "show_pictures", "show_rows"]
 
 
 def image_array(image: torch.Tensor) -> np.ndarray:
@@ -73,3 +74,31 @@ def show_rows(
         axes[r, 0].set_ylabel(label, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def show_pictures(
+    rows: Sequence[Mapping[str, Any]], label: Callable[[Mapping[str, Any]], str], size: float = 1.2
+) -> Figure:
+    """The reconstructions a run's rows keep in their ``pictures`` (the CVB experiments'
+    ``quality_row``): one figure row per victim, its original first, then one column per record
+    row, titled ``label(row)``. Rows without pictures are left out; the others must have
+    attacked the same victims, as every row of one CVB table on one dataset does. The chapters
+    "Variational bottlenecks", "CVB against attacks and architectures" and "CVB against DP-SGD
+    and gradient compression" draw Tables I–V with it."""
+    kept = [row for row in rows if row.get("pictures")]
+    if not kept:
+        raise ValueError("no row keeps 'pictures' (the first victims and their reconstructions)")
+    original = torch.tensor(kept[0]["pictures"]["original"])
+    columns = {"client": original}
+    for row in kept:
+        if not torch.equal(torch.tensor(row["pictures"]["original"]), original):
+            raise ValueError(f"the rows attacked different victims: {label(row)!r} and the first")
+        name = label(row)
+        if name in columns:
+            raise ValueError(f"two rows are labelled {name!r}: a column each needs its own label")
+        columns[name] = torch.tensor(row["pictures"]["reconstruction"])
+    per_image = {
+        f"image {i + 1}": torch.stack([images[i] for images in columns.values()])
+        for i in range(len(original))
+    }
+    return show_rows(per_image, titles={"image 1": list(columns)}, size=size)

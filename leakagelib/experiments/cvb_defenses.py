@@ -20,6 +20,7 @@ from .cvb_common import (
     ATTACK,
     ATTACKS,
     CVB_DEFAULT,
+    FIGURE_IMAGES,
     TRAINING,
     attack_layers,
     attack_load,
@@ -85,7 +86,8 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
     record's ``data``). Rows: ``dataset``, ``defense`` ("none" or "cvb"),
     ``attack`` (a preset id) and :func:`~.cvb_quality.quality_row`'s columns
     (``ssim``, ``asr``, and ``psnr``, ``mse``, ``lpips`` as the supplementary
-    Table IX, each mean with its ``_std``). Data: ``mnist``, ``cifar10``.
+    Table IX, each mean with its ``_std``; ``pictures``: the first victims and
+    their reconstructions). Data: ``mnist``, ``cifar10``.
     One unit per row (:func:`table3_units`).
 
     The paper-scale record's iDLG on undefended MNIST (128 victims, a lent H100)
@@ -111,7 +113,7 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
         attack = cvb_attack(name, ctx.config, include=attack_layers(model))
         case, result = run_attack(ctx, model, victims(dataset), attack, offset=ATTACKS.index(name))
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset,
-                            defense=defense, attack=name)]  # fmt: skip
+                            defense=defense, attack=name, pictures=FIGURE_IMAGES)]  # fmt: skip
 
     rows = ctx.units(table3_units(ctx.config.datasets), unit, "Table III")
     return with_victims(ctx, rows, ctx.config.datasets)
@@ -246,7 +248,8 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
     Victims: client 0's training images (named in the record's ``data``).
     Rows: ``dataset``, ``defense``, ``parameter``,
     :func:`~.cvb_quality.quality_row`'s columns (``ssim``, ``asr``, and
-    ``psnr``, ``mse``, ``lpips`` as the supplementary Table X), ``accuracy``,
+    ``psnr``, ``mse``, ``lpips`` as the supplementary Table X; ``pictures``: the
+    first victims and their reconstructions), ``accuracy``,
     ``epsilon`` (None except DP), ``added`` (bottleneck parameters). Data:
     ``mnist``, ``cifar10``. One unit per row: (dataset, defense, parameter).
     """
@@ -268,7 +271,7 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
             epsilon = client_epsilon(ctx.config, trained, len(ctx.dataset(dataset, split="train")))
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset, defense=name,
                             parameter=parameter, accuracy=accuracy, epsilon=epsilon,
-                            added=n_added(model))]  # fmt: skip
+                            added=n_added(model), pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(dataset, *choice) for dataset in ctx.config.datasets for choice in named]
     return with_victims(ctx, ctx.units(cells, unit, "Table IV"), ctx.config.datasets)

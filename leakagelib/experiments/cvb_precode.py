@@ -19,6 +19,7 @@ from ..defenses import attacked_parameters
 from .config import Settings
 from .cvb_common import (
     ATTACK,
+    FIGURE_IMAGES,
     PRECODE_TABLE2,
     TRAINING,
     attack_layers,
@@ -123,8 +124,10 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
     (:func:`~.cvb_data.load_victims`, named in the record's ``data``). Rows:
     ``position`` (0 = no PRECODE), ``attacked`` (the variant) and
     :func:`~.cvb_quality.quality_row`'s columns (``ssim``, ``asr``, ``psnr``,
-    ``mse``, each mean with its ``_std``, min–max rescaled). Data:
-    ``cifar10``. One unit per row (:func:`table1_units`).
+    ``mse``, each mean with its ``_std``, min–max rescaled) with ``pictures``
+    (the first :data:`~.cvb_common.FIGURE_IMAGES` victims and their
+    reconstructions: the chapter's grid). Data: ``cifar10``. One unit per row
+    (:func:`table1_units`).
 
     Why the record's full ignore attack succeeds more often than the paper's
     (positions 3 and 2 here; position 1 in Table II's record) is open. Ruled
@@ -163,7 +166,8 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
             include = ignore_variants(model, position)[label]
             case, result = run_attack(ctx, model, victims, ig(include=include),
                                       offset=VARIANT_NAMES.index(label))  # fmt: skip
-        return [quality_row(case, result, position=position, attacked=label)]
+        return [quality_row(case, result, position=position, attacked=label,
+                            pictures=FIGURE_IMAGES)]  # fmt: skip
 
     return with_victims(ctx, ctx.units(table1_units(ctx.config), unit, "Table I"), ["cifar10"])
 
@@ -203,7 +207,8 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
     counts exactly), attacked by IG (TV 0.1, the authors' for this CNN) reading the gradients before its
     decoder. Rows: ``position`` (0 = baseline), ``parameters`` (total),
     ``added`` (by PRECODE), :func:`~.cvb_quality.quality_row`'s columns
-    (``ssim``, ``asr``, ``psnr``, ``mse``), ``accuracy``.
+    (``ssim``, ``asr``, ``psnr``, ``mse``, and ``pictures``: the first victims and
+    their reconstructions), ``accuracy``.
     Victims: client 0's training images (named in the record's ``data``).
     Data: ``cifar10``. One unit per position.
 
@@ -230,6 +235,7 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
         total = sum(p.numel() for p in model.parameters())
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
         return [quality_row(case, result, position=position, parameters=total,
-                            added=n_added(model), accuracy=accuracy)]  # fmt: skip
+                            added=n_added(model), accuracy=accuracy,
+                            pictures=FIGURE_IMAGES)]  # fmt: skip
 
     return with_victims(ctx, ctx.units(ctx.config.positions, unit, "Table II"), ["cifar10"])

@@ -58,7 +58,8 @@ def quality_row(
     measures them (call :func:`require_lpips` before the attacks).
     ``pictures`` > 0 adds the first that many victims and their reconstructions
     (``{"original": ..., "reconstruction": ...}``, :func:`leakagelib.records.image_lists`):
-    the example reconstructions of the CVB paper's Figs. 10 and 12 (Tables V and VI).
+    the example reconstructions of the CVB paper's Figs. 10 and 12 (Tables V and VI), and
+    the chapters' grids of Tables I–IV.
     """
     names = ["ssim", "psnr", "mse"] + (["lpips"] if lpips is not None else [])
     row: dict[str, Any] = dict(fields)
