@@ -78,6 +78,16 @@ def image_lists(images: Any) -> list:
     return images.detach().cpu().double().clamp(0, 1).mul(1e4).round().div(1e4).tolist()
 
 
+def pictures(originals: Any, reconstructions: Any, n: int) -> dict[str, list]:
+    """The first ``n`` originals and their reconstructions (tensors in [0, 1]) as a record row
+    keeps them (:func:`image_lists`), for a chapter's grid (:func:`leakagelib.viz.show_pictures`):
+    the CVB tables' rows and R-GAP's Table 1."""
+    return {
+        "original": image_lists(originals[:n]),
+        "reconstruction": image_lists(reconstructions[:n]),
+    }
+
+
 def run_seconds(prov: dict[str, Any]) -> float:
     """A record's run time: its units' summed seconds if it was resumed, else its wall time.
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import metrics
+from .. import metrics, records
 from ..attacks import AttackResult
-from ..records import image_lists
 from .case import Case
 from .config import ScaleConfig
 from .registry import Context
@@ -57,7 +56,7 @@ def quality_row(
     as None (not measured: the ``lpips`` setting of :data:`LPIPS`), ``True``
     measures them (call :func:`require_lpips` before the attacks).
     ``pictures`` > 0 adds the first that many victims and their reconstructions
-    (``{"original": ..., "reconstruction": ...}``, :func:`leakagelib.records.image_lists`):
+    (``{"original": ..., "reconstruction": ...}``, :func:`leakagelib.records.pictures`):
     the example reconstructions of the CVB paper's Figs. 10 and 12 (Tables V and VI), and
     the chapters' grids of Tables I–IV.
     """
@@ -73,8 +72,7 @@ def quality_row(
         if name == "ssim":
             row["asr"] = metrics.asr(values)
     if pictures > 0:
-        shown = {"original": case.images, "reconstruction": case.reconstructions(result)}
-        row["pictures"] = {k: image_lists(v[:pictures]) for k, v in shown.items()}
+        row["pictures"] = records.pictures(case.images, case.reconstructions(result), pictures)
     return row
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .. import records
 from ..attacks import AttackResult
 from ..rgap import dlg_logistic, hgap, rgap, rgap_then_dlg
 from .config import ScaleConfig
@@ -45,6 +46,9 @@ from .rgap_common import (
     zoo_model,
 )
 from .work import LBFGS_EVALUATIONS, Load
+
+#: Victims whose reconstructions every Table 1 row keeps (the chapter's grid).
+PICTURES = 2
 
 #: Tables 1 and 2 compare R-GAP with DLG on the same victims and DLG budget.
 CONFIG = ScaleConfig(
@@ -151,7 +155,8 @@ def table1(ctx: Context) -> list[dict]:
     Rows: dataset, model, attack ("rgap", "rgap-reference", "dlg", "hgap",
     "rgap→dlg"), mse (mean over images), mse_std, mse_median, mse_recovered
     (the share of images visually exact, MSE ≤ 1e-4 as §5 says) and
-    mse_per_image (:func:`~.rgap_common.mse_summary`), seconds (per image), n.
+    mse_per_image (:func:`~.rgap_common.mse_summary`), seconds (per image), n,
+    pictures (the first :data:`PICTURES` victims and their reconstructions).
     "rgap-reference" is R-GAP as the authors' code computes it
     (:func:`reference_rgap`: float32 gradients, μ by Adam), "rgap" our exact
     one. DLG (label given, i.e. iDLG) runs ``dlg_steps`` L-BFGS steps from
@@ -189,7 +194,8 @@ def table1(ctx: Context) -> list[dict]:
         ):
             head = {"dataset": dataset, "model": name, "attack": attack}
             errors = mse_summary(case.score(result, "mse"))
-            rows.append({**head, **errors, "seconds": seconds, "n": len(x)})
+            shown = records.pictures(case.images, case.reconstructions(result), PICTURES)
+            rows.append({**head, **errors, "seconds": seconds, "n": len(x), "pictures": shown})
         return rows
 
     cells = [(dataset, name) for dataset in DATASETS for name in ("cnn6", "cnn6-d")]
