@@ -12,10 +12,13 @@ the run. Chapter "R-GAP in practice" shows both, and asserts
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from .. import records
 from ..gradients import Update, client_update, stack_updates
 from ..rgap import dlg_logistic, rgap
 from .case import Case
@@ -25,6 +28,7 @@ from .registry import Context, experiment
 from .rgap_common import (
     ARCHITECTURES,
     DATASETS,
+    PICTURES,
     dlg_net,
     labels_mu_negative,
     logistic_case,
@@ -215,13 +219,16 @@ def _relative_noise(updates: Update, level: float, generator: torch.Generator) -
     }
 
 
-def _rgap_mse(case: Case, updates: Update) -> list[float]:
-    """R-GAP's MSE per image on ``updates`` (the case's, perturbed); NaN when no μ fits the noise."""
+def _rgap_noisy(case: Case, updates: Update) -> dict[str, Any]:
+    """R-GAP on ``updates`` (the case's, perturbed): ``mse_per_image``, NaN for every image when
+    no μ fits the noise, and ``pictures`` (the first victims and their reconstructions: the
+    examples of Appendix G's Figure 9), absent then."""
     try:
         result = rgap(case.model, updates, case.labels, input_shape=case.input_shape)
     except ValueError:  # noise pushed <∇w, w> below the range of μ·ℓ'(μ)
-        return [float("nan")] * len(case.labels)
-    return case.score(result, "mse").tolist()
+        return {"mse_per_image": [float("nan")] * len(case.labels)}
+    shown = records.pictures(case.images, case.reconstructions(result), PICTURES)
+    return {"mse_per_image": case.score(result, "mse").tolist(), "pictures": shown}
 
 
 @experiment(
@@ -247,7 +254,8 @@ def appg_noise(ctx: Context) -> list[dict]:
     Rows: model ("cnn6", "wide": every layer twice as wide), noise (standard
     deviation relative to each layer's gradient RMS), mse (mean over images)
     and mse_per_image (the same images for both networks: a paired
-    comparison).
+    comparison), pictures (the first victims and R-GAP's reconstructions, the
+    paper's Figure 9 examples; absent where no μ fits the noise).
     MNIST-sized inputs; the structured solver averages the noise over each
     layer's gradient rows, of which a wider layer has more. One unit per model.
 
@@ -265,9 +273,10 @@ def appg_noise(ctx: Context) -> list[dict]:
         gen = ctx.generator(2)
         rows = []
         for level in ctx.config.noise_levels:
-            per_image = _rgap_mse(case, _relative_noise(case.updates, level, gen))
+            found = _rgap_noisy(case, _relative_noise(case.updates, level, gen))
+            per_image = found["mse_per_image"]
             rows.append({"model": name, "noise": level, "mse": sum(per_image) / len(per_image),
-                         "mse_per_image": per_image})  # fmt: skip
+                         **found})  # fmt: skip
         return rows
 
     return ctx.units(("cnn6", "wide"), unit, "Appendix G")

@@ -37,6 +37,7 @@ from .config import ScaleConfig
 from .registry import Context, experiment
 from .rgap_common import (
     DATASETS,
+    PICTURES,
     dlg_net,
     labels_mu_negative,
     logistic_case,
@@ -46,9 +47,6 @@ from .rgap_common import (
     zoo_model,
 )
 from .work import LBFGS_EVALUATIONS, Load
-
-#: Victims whose reconstructions every Table 1 row keeps (the chapter's grid).
-PICTURES = 2
 
 #: Tables 1 and 2 compare R-GAP with DLG on the same victims and DLG budget.
 CONFIG = ScaleConfig(
@@ -156,7 +154,7 @@ def table1(ctx: Context) -> list[dict]:
     "rgap→dlg"), mse (mean over images), mse_std, mse_median, mse_recovered
     (the share of images visually exact, MSE ≤ 1e-4 as §5 says) and
     mse_per_image (:func:`~.rgap_common.mse_summary`), seconds (per image), n,
-    pictures (the first :data:`PICTURES` victims and their reconstructions).
+    pictures (the first :data:`~.rgap_common.PICTURES` victims and their reconstructions).
     "rgap-reference" is R-GAP as the authors' code computes it
     (:func:`reference_rgap`: float32 gradients, μ by Adam), "rgap" our exact
     one. DLG (label given, i.e. iDLG) runs ``dlg_steps`` L-BFGS steps from

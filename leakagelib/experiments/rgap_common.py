@@ -43,6 +43,10 @@ __all__ = [
 #: The datasets of Table 1 with their input shapes.
 DATASETS: dict[str, tuple[int, int, int]] = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
 
+#: Victims whose reconstructions a row of Table 1 or Appendix G keeps (``pictures``: the
+#: chapter "R-GAP in practice" draws them, :func:`leakagelib.viz.show_pictures`).
+PICTURES = 2
+
 #: Conv chains (conv layers as (channels, kernel, stride, padding)) of
 #: ``rgap/appG-noise``: CNN6 and CNN6 with every layer twice as wide.
 ARCHITECTURES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
