@@ -101,8 +101,9 @@ APPF_DLG_CONFIG = ScaleConfig(
 )
 
 
-def _matched_mse(found: Tensor, images: Tensor) -> float:
-    """Mean MSE of ``found`` to ``images`` under the best one-to-one matching (Hungarian).
+def _matched(found: Tensor, images: Tensor) -> tuple[float, Tensor]:
+    """Mean MSE of ``found`` to ``images`` under the best one-to-one matching (Hungarian), and
+    ``found`` in the order of the images they matched.
 
     Batch DLG returns the batch's images in any order; R-GAP's single output
     is matched to its nearest image.
@@ -111,7 +112,7 @@ def _matched_mse(found: Tensor, images: Tensor) -> float:
 
     pair = (found.flatten(1)[:, None] - images.to(found).flatten(1)[None]).pow(2).mean(-1)
     rows, cols = linear_sum_assignment(pair.cpu().numpy())
-    return float(pair[rows, cols].mean())
+    return float(pair[rows, cols].mean()), found[rows[cols.argsort()]]
 
 
 def _batch_attacks(ctx: Context, x: Tensor) -> list[dict]:
@@ -125,14 +126,17 @@ def _batch_attacks(ctx: Context, x: Tensor) -> list[dict]:
                        steps=ctx.config.dlg_steps, generator=ctx.generator(len(x)),
                        init=ctx.config.dlg_init, relative=True)  # fmt: skip
     found = {"rgap": rg.detach().double(), "dlg": dlg.inputs().detach().double().clamp(0, 1)}
-    return [
-        {
+    rows = []
+    for attack, images in found.items():
+        mse, ordered = _matched(images, x)
+        rows.append({
             "attack": attack,
             "fit_residual": float(np.mean([_best_combination(x, img)[1] for img in images])),
-            "mse_matched": _matched_mse(images, x),
-        }
-        for attack, images in found.items()
-    ]
+            "mse_matched": mse,
+            "pictures": {"original": records.image_lists(x),
+                         "reconstruction": records.image_lists(ordered)},
+        })  # fmt: skip
+    return rows
 
 
 @experiment(
@@ -161,8 +165,10 @@ def appf_batch_dlg(ctx: Context) -> list[dict]:
     reconstruction, mean over reconstructions; ~0: a combination),
     mse_matched (DLG's B reconstructions, clamped to [0, 1], matched one-to-one
     to the batch's images; R-GAP's one output to its nearest image), both
-    means over ``batches`` consecutive batches of the test images, and the
-    per-batch values. The batch and model are those of ``rgap/appF-batch``
+    means over ``batches`` consecutive batches of the test images, the
+    per-batch values, and ``pictures`` of the first batch (its images and
+    the reconstructions, DLG's in the order of the images they matched: the
+    paper's Figures 7 and 8). The batch and model are those of ``rgap/appF-batch``
     (FCN3, labels with μ < 0, the mean update); R-GAP runs as there, DLG is
     :func:`~leakagelib.rgap.dlg_logistic` reconstructing all B images at
     once, labels given (the objective divided by the update's norm). One unit
@@ -178,7 +184,8 @@ def appf_batch_dlg(ctx: Context) -> list[dict]:
             per = {key: [run[j][key] for run in runs] for key in ("fit_residual", "mse_matched")}
             rows.append({"batch_size": size, "attack": attack,
                          **{key: float(np.mean(v)) for key, v in per.items()},
-                         **{f"{key}_per_batch": v for key, v in per.items()}})  # fmt: skip
+                         **{f"{key}_per_batch": v for key, v in per.items()},
+                         "pictures": runs[0][j]["pictures"]})  # fmt: skip
         return rows
 
     return ctx.units(cfg.batch_sizes, unit, "Appendix F")
