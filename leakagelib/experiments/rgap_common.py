@@ -29,6 +29,7 @@ __all__ = [
     "ARCHITECTURES",
     "DATASETS",
     "FIGURE2_NETWORKS",
+    "PICTURES",
     "VISUALLY_EXACT_MSE",
     "dlg_net",
     "labels_mu_negative",
@@ -43,8 +44,8 @@ __all__ = [
 #: The datasets of Table 1 with their input shapes.
 DATASETS: dict[str, tuple[int, int, int]] = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
 
-#: Victims whose reconstructions a row of Table 1 or Appendix G keeps (``pictures``: the
-#: chapter "R-GAP in practice" draws them, :func:`leakagelib.viz.show_pictures`).
+#: Victims whose reconstructions an R-GAP experiment's row keeps (``pictures``: the chapters
+#: "R-GAP in practice" and "Rank analysis" draw them, :func:`leakagelib.viz.show_pictures`).
 PICTURES = 2
 
 #: Conv chains (conv layers as (channels, kernel, stride, padding)) of

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from .. import fl
+from .. import fl, records
 from ..attacks.presets import inverting_gradients
 from ..models import build
 from ..rgap import dlg_logistic, rank_analysis, rgap
@@ -27,6 +27,7 @@ from .registry import Context, experiment
 from .rgap_common import (
     DATASETS,
     FIGURE2_NETWORKS,
+    PICTURES,
     dlg_net,
     labels_mu_negative,
     logistic_case,
@@ -79,8 +80,9 @@ def dlg_starts(ctx: Context, n: int, shape: tuple[int, int, int]) -> Tensor:
     return torch.cat([draw((1, *shape), generator=ctx.generator(1 + i)) for i in range(n)])
 
 
-def _dlg_errors(ctx: Context, case: Case, shape: tuple[int, int, int]) -> Tensor:
-    """DLG's per-image MSE (reconstruction clamped to [0, 1]), each image its own L-BFGS.
+def _dlg_errors(ctx: Context, case: Case, shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """DLG's per-image MSE and its reconstructions (clamped to [0, 1]), each image its own
+    L-BFGS.
 
     Each image is its own attack, as in DLG, so that no image's run shares
     L-BFGS's curvature history or steps with another's; the attacks run as
@@ -91,7 +93,7 @@ def _dlg_errors(ctx: Context, case: Case, shape: tuple[int, int, int]) -> Tensor
     result = dlg_logistic(case.model, case.updates, case.labels, input_shape=shape,
                           steps=ctx.config.dlg_steps, initial=starts, per_attack=True)  # fmt: skip
     rec = result.inputs().detach().double().clamp(0, 1).cpu()
-    return (rec - case.images.cpu()).pow(2).flatten(1).mean(dim=1)
+    return (rec - case.images.cpu()).pow(2).flatten(1).mean(dim=1), rec
 
 
 def _analysis_with_ranks(
@@ -216,7 +218,7 @@ def table3_rank(ctx: Context) -> list[dict]:
         model = stack_model(ctx, shape, FIGURE2_NETWORKS[name], name)
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         analysis = rank_analysis(model, shape)
-        err = _dlg_errors(ctx, case, shape)
+        err, rec = _dlg_errors(ctx, case, shape)
         return [
             {
                 "column": columns[name],
@@ -226,6 +228,7 @@ def table3_rank(ctx: Context) -> list[dict]:
                 **mse_summary(err),
                 "n": len(err),
                 **_rgap_columns(case, shape, min(ctx.config.rgap_victims, len(x))),
+                "pictures": records.pictures(case.images.cpu(), rec, PICTURES),
             }
         ]
 
@@ -345,7 +348,8 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
     "variant2", the eighth's), cut_skip, ra_i, critical (rank analysis,
     §4/Appendix D), accuracy (test accuracy after training), mse (Inverting
     Gradients' reconstruction error on the trained network, pixels clamped to
-    [0, 1], mean over images), mse_std, n. Cutting the third block's skip (the
+    [0, 1], mean over images), mse_std, n, pictures (the first victims and
+    their reconstructions: the figure's examples). Cutting the third block's skip (the
     critical one) raises RA-i; cutting the eighth does not. Training runs
     :func:`leakagelib.fl.train`'s Adam (lr 1e-3) on ``cifar10`` (``patches``
     at ci, 10 classes); the attack is the
@@ -388,6 +392,7 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
                 "mse": float(err.mean()),
                 "mse_std": float(err.std()) if len(err) > 1 else 0.0,
                 "n": len(err),
+                "pictures": records.pictures(case.images, rec, PICTURES),
             }
         ]
 

@@ -15,13 +15,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from .. import records
 from ..models import build
 from ..models.resnet101 import BLOCKS
 from ..models.rgap_nets import skip_net
 from ..rgap import dlg_logistic, rank_analysis
 from .config import ScaleConfig
 from .registry import Context, experiment
-from .rgap_common import DATASETS, labels_mu_negative, logistic_case, victims
+from .rgap_common import DATASETS, PICTURES, labels_mu_negative, logistic_case, victims
 from .work import LBFGS_EVALUATIONS, Load, Net
 
 TABLE4_CONFIG = ScaleConfig(
@@ -221,7 +222,8 @@ def fig6_skip_dlg(ctx: Context) -> list[dict]:
     (DLG: mean and standard deviation over images of the per-image MSE,
     reconstruction clamped to [0, 1]), recovered (the share of images with
     MSE ≤ 1e-4, where Table 3's caption says reconstructions can barely be told
-    from the data), mse_per_image, n. DLG is :func:`~leakagelib.rgap.dlg_logistic`
+    from the data), mse_per_image, n, pictures (the first victims and DLG's
+    reconstructions). DLG is :func:`~leakagelib.rgap.dlg_logistic`
     (L-BFGS, lr 1, label given, R-GAP's logistic loss, U(0, 1) start as
     ``rgap/table3-rank``, the objective divided by the update's norm so that
     L-BFGS's tolerances do not stop it on these small updates) on each image
@@ -239,7 +241,7 @@ def fig6_skip_dlg(ctx: Context) -> list[dict]:
         model = model.to(ctx.device)
         case = logistic_case(ctx, model, x, labels_mu_negative(model, x))
         analysis = rank_analysis(model, shape)
-        errors = []
+        errors, found_images = [], []
         for i in range(len(x)):
             update = {k: v[i : i + 1] for k, v in case.updates.items()}
             found = dlg_logistic(model, update, case.labels[i : i + 1], input_shape=shape,
@@ -247,6 +249,7 @@ def fig6_skip_dlg(ctx: Context) -> list[dict]:
                                  init="uniform", relative=True)  # fmt: skip
             rec = found.inputs().detach().double().clamp(0, 1).cpu()
             errors.append(float((rec - x[i : i + 1].cpu()).pow(2).mean()))
+            found_images.append(rec)
         err = torch.tensor(errors, dtype=torch.float64)
         return [{
             "row": rows[name], "model": name, "skip": skip, "ra_i": analysis.ra_i,
@@ -254,6 +257,7 @@ def fig6_skip_dlg(ctx: Context) -> list[dict]:
             "mse": float(err.mean()), "mse_std": float(err.std()) if len(err) > 1 else 0.0,
             "recovered": float((err <= 1e-4).double().mean()), "mse_per_image": errors,
             "n": len(errors),
+            "pictures": records.pictures(x.cpu(), torch.cat(found_images), PICTURES),
         }]  # fmt: skip
 
     keys = [(name, skip) for name in FIG6_NETWORKS for skip in (True, False)]
