@@ -51,9 +51,9 @@ from dataclasses import asdict, replace
 import torch
 from torch import Tensor
 
+from .. import records
 from ..attacks import Attack, PixelRange, Prior, TotalVariation, preset
 from ..defenses import GaussianNoise
-from ..records import image_lists
 from .bayes_scenario import (
     ATTACKS,
     DEFENSES,
@@ -124,6 +124,7 @@ _TABLE5_SOURCES = {
 #: How many victims of a Table 2 cell keep their reconstructions in the rows (Table 2 has no
 #: figure; the chapter shows these beside the originals). Two keep the paper-scale record near
 #: 3 MB: 16 cells × 4 attacks × 2 images and their originals, up to 3×32×32 values each.
+#: Table 5's and Figure 7's rows keep as many.
 SHOWN = 2
 
 #: The defenses whose Table 2 and Table 5 cells the ci scale runs (module docstring).
@@ -252,8 +253,8 @@ def table2(ctx: Context) -> list[dict]:
                  "psnr": float(v.mean()), "psnr_per_image": v.tolist(),
                  "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a],
                  "tune_victims": cfg.tune_victims, "cosine_group": cfg.cosine_group,
-                 "original": image_lists(case.images[:SHOWN]),
-                 "reconstruction": image_lists(images[a][:SHOWN])}
+                 "original": records.image_lists(case.images[:SHOWN]),
+                 "reconstruction": records.image_lists(images[a][:SHOWN])}
                 for a, v in psnr.items()]  # fmt: skip
 
     return ctx.units(cells, unit, "table2")
@@ -286,7 +287,7 @@ def _table5_row(ctx: Context, case: Case, offset: int, defense: str) -> dict:
                  distance=dict.fromkeys(attacks, "l2"))  # fmt: skip
     best = max((p for p in attacks if p != "tv"), key=lambda p: found.best_psnr[p])
     chosen = {"tv": attacks["tv"], best: attacks[best]}
-    psnr, _ = attack_tuned(ctx, case, chosen, found, offset=offset)
+    psnr, images = attack_tuned(ctx, case, chosen, found, offset=offset)
     return {
         "psnr_tv": float(psnr["tv"].mean()),
         "psnr_tv_range": float(psnr[best].mean()),
@@ -294,6 +295,8 @@ def _table5_row(ctx: Context, case: Case, offset: int, defense: str) -> dict:
         "psnr_per_image_tv": psnr["tv"].tolist(),
         "psnr_per_image_tv_range": psnr[best].tolist(),
         "psnr_gray": float(gray_baseline(case.images).mean()),
+        "pictures_tv": records.pictures(case.images, images["tv"], SHOWN),
+        "pictures_tv_range": records.pictures(case.images, images[best], SHOWN),
     }
 
 
@@ -320,9 +323,10 @@ def table5_priors(ctx: Context) -> list[dict]:
 
     Rows (one unit per defense): ``dataset`` (mnist), ``defense``, ``step``
     (500), ``psnr_tv``, ``psnr_tv_range`` (the φ with the best tuning score),
-    ``phi``, the per-image values of both, and ``psnr_gray`` (the PSNR of a
+    ``phi``, the per-image values of both, ``psnr_gray`` (the PSNR of a
     constant image at the victims' mean: what an attack that learns nothing
-    scores). Every prior is tuned by the ℓ2 attack's search (at paper scale
+    scores), and ``pictures_tv`` and ``pictures_tv_range`` (the first
+    :data:`SHOWN` victims and each prior's reconstructions of them). Every prior is tuned by the ℓ2 attack's search (at paper scale
     with its 480-setting grid, A.4).
 
     The search tunes on the first victim (``tune_victims`` 1), where the
@@ -345,16 +349,17 @@ def table5_priors(ctx: Context) -> list[dict]:
     return ctx.units(cfg.defenses, unit, "table5")
 
 
-def _psnr_curves(case: Case, attack: Attack, generator: torch.Generator) -> Tensor:
-    """Every victim's PSNR after every step of ``attack`` on ``case``: ``steps × victims``."""
+def _psnr_curves(case: Case, attack: Attack, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Every victim's PSNR after every step of ``attack`` on ``case`` (``steps × victims``), and
+    the attack's reconstructions."""
     curves: list[Tensor] = []
 
     def record(step: int, x: Tensor) -> None:
         rec = case.normalizer.denormalize(x[0, :, 0, 0].cpu())  # setting 0, restart 0, input 0
         curves.append(case.score_images(rec, "psnr"))
 
-    case.attack(attack, generator=generator, callback=record)
-    return torch.stack(curves)
+    result = case.attack(attack, generator=generator, callback=record)
+    return torch.stack(curves), case.reconstructions(result)
 
 
 @experiment(
@@ -376,7 +381,8 @@ def fig7_mc_samples(ctx: Context) -> list[dict]:
     Rows: ``k``, ``delta``, ``psnr`` (final, mean over the victims),
     ``psnr_mean`` (mean over the steps: the area under the curve, which grows
     with faster convergence), both per image (``psnr_per_image``,
-    ``psnr_mean_per_image``), and ``curve`` (the victims' mean PSNR per step).
+    ``psnr_mean_per_image``), ``curve`` (the victims' mean PSNR per step), and
+    ``pictures`` (the first :data:`SHOWN` victims and the final reconstructions).
     """
     cfg = ctx.config
     model, victims = scenario(ctx, "mnist", 0, cfg.victims)
@@ -389,10 +395,11 @@ def fig7_mc_samples(ctx: Context) -> list[dict]:
     def unit(k: int) -> list[dict]:
         attack = preset("bayes", likelihood=defense.likelihood(), beta=cfg.beta, steps=cfg.steps,
                         mc_samples=k, delta=delta)  # fmt: skip
-        curves = _psnr_curves(case, attack, ctx.generator(70))
+        curves, found = _psnr_curves(case, attack, ctx.generator(70))
         final, area = curves[-1], curves.mean(0)
         return [{"k": k, "delta": delta, "psnr": float(final.mean()), "psnr_mean": float(area.mean()),
                  "psnr_per_image": final.tolist(), "psnr_mean_per_image": area.tolist(),
-                 "curve": curves.mean(1).tolist()}]  # fmt: skip
+                 "curve": curves.mean(1).tolist(),
+                 "pictures": records.pictures(case.images, found, SHOWN)}]  # fmt: skip
 
     return ctx.units(cfg.mc_samples, unit, "fig7")
