@@ -19,6 +19,7 @@ from .config import Settings
 from .cvb_common import (
     ATTACK,
     CVB_DEFAULT,
+    FIGURE_IMAGES,
     TRAINING,
     attack_layers,
     attack_load,
@@ -158,7 +159,8 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     the same network share one run (:func:`fig9_runs`). Rows: ``study``
     ("position", "kernel", "scale", "beta"), ``value``, ``added`` parameters,
     :func:`~.cvb_quality.quality_row`'s columns (``ssim``, ``asr``, ``psnr``,
-    ``mse``, ``lpips``), ``accuracy``, in the studies' order. Data:
+    ``mse``, ``lpips``, and ``pictures``: the first victims and their
+    reconstructions), ``accuracy``, in the studies' order. Data:
     ``cifar10``. One unit per run, keyed by its first (study, value).
     """
     require_lpips(ctx)
@@ -175,7 +177,7 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
         case, result = run_attack(ctx, model, victims, attack, offset=first)
         accuracy = fedavg_accuracy(ctx, cnn(spec, seed=ctx.seed), "cifar10")
         row = quality_row(case, result, lpips=ctx.config.lpips, added=n_added(model),
-                          accuracy=accuracy)  # fmt: skip
+                          accuracy=accuracy, pictures=FIGURE_IMAGES)  # fmt: skip
         return [{"study": studies[i][0], "value": studies[i][1], **row} for i in group]
 
     rows = ctx.units([list(key) for key in runs], unit, "Fig. 9")
