@@ -81,7 +81,8 @@ def image_lists(images: Any) -> list:
 def pictures(originals: Any, reconstructions: Any, n: int) -> dict[str, list]:
     """The first ``n`` originals and their reconstructions (tensors in [0, 1]) as a record row
     keeps them (:func:`image_lists`), for a chapter's grid (:func:`leakagelib.viz.show_pictures`):
-    the CVB tables' rows and R-GAP's Table 1."""
+    the rows of the CVB tables, of R-GAP's tables and appendices, and of the Bayes paper's
+    Table 5 and Figure 7."""
     return {
         "original": image_lists(originals[:n]),
         "reconstruction": image_lists(reconstructions[:n]),

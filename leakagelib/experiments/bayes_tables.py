@@ -326,8 +326,9 @@ def table5_priors(ctx: Context) -> list[dict]:
     ``phi``, the per-image values of both, ``psnr_gray`` (the PSNR of a
     constant image at the victims' mean: what an attack that learns nothing
     scores), and ``pictures_tv`` and ``pictures_tv_range`` (the first
-    :data:`SHOWN` victims and each prior's reconstructions of them). Every prior is tuned by the ℓ2 attack's search (at paper scale
-    with its 480-setting grid, A.4).
+    :data:`SHOWN` victims and each prior's reconstructions of them). Every
+    prior is tuned by the ℓ2 attack's search (at paper scale with its
+    480-setting grid, A.4).
 
     The search tunes on the first victim (``tune_victims`` 1), where the
     authors' tuner scores one loader batch of ten images (``n_attack = 1``

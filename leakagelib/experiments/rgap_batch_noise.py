@@ -168,8 +168,8 @@ def appf_batch_dlg(ctx: Context) -> list[dict]:
     means over ``batches`` consecutive batches of the test images, the
     per-batch values, and ``pictures`` of the first batch (its images and
     the reconstructions, DLG's in the order of the images they matched: the
-    paper's Figures 7 and 8). The batch and model are those of ``rgap/appF-batch``
-    (FCN3, labels with μ < 0, the mean update); R-GAP runs as there, DLG is
+    paper's Figures 7 and 8). The batch and model are those of
+    ``rgap/appF-batch`` (FCN3, labels with μ < 0, the mean update); R-GAP runs as there, DLG is
     :func:`~leakagelib.rgap.dlg_logistic` reconstructing all B images at
     once, labels given (the objective divided by the update's norm). One unit
     per batch size.

@@ -154,7 +154,8 @@ def table1(ctx: Context) -> list[dict]:
     "rgap→dlg"), mse (mean over images), mse_std, mse_median, mse_recovered
     (the share of images visually exact, MSE ≤ 1e-4 as §5 says) and
     mse_per_image (:func:`~.rgap_common.mse_summary`), seconds (per image), n,
-    pictures (the first :data:`~.rgap_common.PICTURES` victims and their reconstructions).
+    pictures (the first :data:`~.rgap_common.PICTURES` victims and their
+    reconstructions).
     "rgap-reference" is R-GAP as the authors' code computes it
     (:func:`reference_rgap`: float32 gradients, μ by Adam), "rgap" our exact
     one. DLG (label given, i.e. iDLG) runs ``dlg_steps`` L-BFGS steps from

@@ -349,8 +349,8 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
     §4/Appendix D), accuracy (test accuracy after training), mse (Inverting
     Gradients' reconstruction error on the trained network, pixels clamped to
     [0, 1], mean over images), mse_std, n, pictures (the first victims and
-    their reconstructions: the figure's examples). Cutting the third block's skip (the
-    critical one) raises RA-i; cutting the eighth does not. Training runs
+    their reconstructions: the figure's examples). Cutting the third block's
+    skip (the critical one) raises RA-i; cutting the eighth does not. Training runs
     :func:`leakagelib.fl.train`'s Adam (lr 1e-3) on ``cifar10`` (``patches``
     at ci, 10 classes); the attack is the
     :func:`~leakagelib.attacks.presets.inverting_gradients` preset (the
