@@ -73,7 +73,9 @@ class VariationalBottleneck(nn.Module):
     beta: float
     last_kl: Tensor | None
     #: Each output row depends on its own input row and its own noise only (the KL term, which
-    #: averages over the batch, is not part of the update a client shares).
+    #: averages over the batch, is not part of the update this library's client shares; the CVB
+    #: authors' code shares the training loss's gradient, KL term included: see
+    #: :func:`leakagelib.experiments.cvb_hyperparams.fig9_hyperparams`).
     rows_independent = True
 
     def __init__(self, beta: float) -> None:

@@ -162,6 +162,24 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     ``mse``, ``lpips``, and ``pictures``: the first victims and their
     reconstructions), ``accuracy``, in the studies' order. Data:
     ``cifar10``. One unit per run, keyed by its first (study, value).
+
+    Where the record (32 victims, ``--set victims=32``) parts from the paper:
+    at position 3 its attack is stronger (as Tables I and II are with PRECODE
+    there: :func:`~.cvb_precode.table1_ignore`), and its SSIM barely moves
+    with the scale, where the paper's rises from 0.10 to 0.44 (Table VIII).
+    One difference from the authors' code is known and not yet modelled or
+    measured here: their client's gradient, and the attacker's simulated one,
+    are those of the training loss, cross-entropy plus β·KL
+    (``src/attacks.py``: ``get_gradient`` differentiates
+    ``get_loss_function(config.training.loss, ...)``; ``src/loss.py``:
+    ``VBLoss`` adds ``model.loss()``; ``configs/models/CNNCVB.yaml``: training
+    loss ``VBLoss``, β = 0.1; ``src/models/modules.py``: ``VBModule.loss``
+    sums the CVBs' β-weighted KL in its log-variance form, the ``kl="reference"``
+    of :class:`~leakagelib.defenses.CVB`). This library's update is the
+    cross-entropy's alone (``build_case``'s default loss), so β never reaches
+    the attacker here. The KL term depends on the input through the encoders
+    without passing through the noise, and it has K terms per position, so it
+    would grow with the scale.
     """
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)
