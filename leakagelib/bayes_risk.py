@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from .attacks import Attack
 from .defenses.base import GradientDefense
+from .validation import require_count
 
 Update = dict[str, Tensor]
 Adversary = Callable[[Update, Tensor], Tensor]
@@ -59,8 +60,9 @@ class SyntheticGaussian:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.dim, self.num_classes, self.hidden) < 1:
-            raise ValueError("dim, num_classes and hidden must be positive")
+        require_count("dim", self.dim, "the input's dimension")
+        require_count("num_classes", self.num_classes, "the number of classes")
+        require_count("hidden", self.hidden, "the network's hidden units")
         gen = torch.Generator().manual_seed(self.seed)
         self.W = torch.randn((self.num_classes, self.dim), generator=gen)
         torch.manual_seed(self.seed)

@@ -137,7 +137,7 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     default = record_filename(args.id).replace(".json", f".{args.scale}.json")
-    out = check_out(args.out or default)
+    out = check_out(default if args.out is None else args.out)
     _checked_overrides(args)
     run_to_record(args, out)
     return 0

@@ -8,6 +8,7 @@ reliability checks; tests/test_cli.py holds one test per kind of bad input).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +22,13 @@ MAX_SEED = 2**31 - 1
 
 
 def check_out(out: str) -> Path:
-    """The record path ``out``, checked: a file path whose folder exists or can be made, writable."""
+    """The record path ``out``, checked: a file path whose folder exists or can be made, writable.
+
+    Writability is tried, not only asked of ``os.access``: a file is created and removed in the
+    nearest existing folder, since some folders refuse files whatever their permission bits say
+    (``/proc``, ``/sys``, a read-only mount, an immutable folder under root)."""
+    if not out.strip():
+        raise UsageError("--out is empty; give a file path such as results/record.json")
     path = Path(out).expanduser()
     if path.is_dir() or out.endswith(("/", os.sep)):
         raise UsageError(
@@ -35,6 +42,13 @@ def check_out(out: str) -> Path:
         raise UsageError(f"--out {out!r}: {existing} is a file, so the folder cannot be made")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out!r}: the folder {existing} is not writable")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".leakagelib-write-test-"):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"--out {out!r}: the folder {existing} does not take new files ({err.strerror})"
+        ) from None
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--out {out!r} exists and is not writable")
     return path

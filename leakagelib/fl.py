@@ -26,6 +26,8 @@ from torch import Tensor, nn
 
 from .defenses.base import GradientDefense, NoDefense
 from .defenses.bottlenecks import kl_loss
+from .gradients import check_batch
+from .validation import require_count, require_number
 
 __all__ = ["TrainResult", "accuracy", "evaluate", "train", "training_loss"]
 
@@ -149,8 +151,10 @@ def train(
     size 32 (A.1, A.2).
     """
     _check_data(images, labels, "training")
-    if steps < 0 or batch_size < 1:
-        raise ValueError(f"need steps >= 0 and batch_size >= 1, got {steps}, {batch_size}")
+    check_batch(model, images, labels)  # finite images, labels in the model's classes
+    require_count("steps", steps, "optimiser steps", low=0)
+    require_count("batch_size", batch_size, "images per step")
+    require_number("lr", lr, "the optimiser's step size", low=0.0, low_open=True)
     defense = NoDefense() if defense is None else defense
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)

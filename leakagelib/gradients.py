@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from .validation import require_count, require_number
+
 Update = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -217,8 +219,8 @@ def local_update(
     ``steps=1`` and the full batch it equals ``lr * client_update(...)``.
     """
     check_batch(model, images, labels, loss=loss)
-    if steps < 1 or lr <= 0:
-        raise ValueError(f"local_update needs steps >= 1 and lr > 0, got steps={steps}, lr={lr}")
+    require_count("steps", steps, "local SGD steps")
+    require_number("lr", lr, "the local SGD step size", low=0.0, low_open=True)
     n = images.shape[0]
     bs = n if batch_size is None else int(batch_size)
     if not 1 <= bs <= n:
@@ -377,6 +379,7 @@ def recover_labels_batch(model: nn.Module, update: Update, n: int) -> Tensor:
     repeats it still returns ``n`` distinct classes. The last layer is the last
     in ``model``'s parameter order.
     """
+    require_count("n", n, "the batch's number of images")
     weight, _ = _last_layer(model, update)
     if not 1 <= n <= weight.shape[0]:
         raise ValueError(

@@ -390,3 +390,9 @@ def test_table2_misses_lists_the_cells_whose_paper_number_lies_outside_the_inter
     rows[1]["psnr_per_image"] = [14.0, 14.1, 14.2]  # now the paper's 14.44 lies above ℓ2's interval
     misses = table2_misses(table2_against_paper(rows, experiments.get("bayes/table2").reference))
     assert misses["l2"]["below"] == [("mnist", "prune+gauss", 0)]
+
+
+@pytest.mark.parametrize("count", [2.5, 10.0, 0])
+def test_the_synthetic_task_needs_a_whole_number_of_classes(count):
+    with pytest.raises((TypeError, ValueError), match="num_classes must be an integer >= 1"):
+        SyntheticGaussian(num_classes=count)

@@ -157,6 +157,29 @@ def test_an_out_path_below_a_file_is_refused_before_the_run(capsys, monkeypatch,
     assert "is a file, so the folder cannot be made" in capsys.readouterr().err and calls == []
 
 
+def test_an_empty_out_path_is_refused_before_the_run(capsys, monkeypatch):
+    calls = _no_run(monkeypatch)
+    assert main(["reproduce", "intro/bias-attack", "--quiet", "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err and calls == []
+
+
+def test_a_folder_that_refuses_new_files_is_found_before_the_run(capsys, monkeypatch, tmp_path):
+    """Permission bits can say yes where the folder says no (/proc, /sys, a read-only mount, an
+    immutable folder under root): the check tries to create a file there."""
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    calls = _no_run(monkeypatch)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    out = str(tmp_path / "sub" / "r.json")
+    assert main(["reproduce", "intro/bias-attack", "--quiet", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert f"the folder {tmp_path} does not take new files" in err and calls == []
+    assert err.count("\n") == 1, "one line"
+
+
 def test_a_typo_in_the_data_environment_variable_is_refused(capsys, monkeypatch, tmp_path):
     calls = _no_run(monkeypatch)
     monkeypatch.setenv("LEAKAGELIB_DATA", "cifar=x.npz")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -213,3 +215,23 @@ def test_gradient_defenses_act_on_every_training_step(digits) -> None:
     dp = train(model, x, y, steps=5, optimizer="sgd", lr=0.1, defense=DPSGD(0.0, max_grad_norm=1e6))
     for a, b in zip(plain.model.state_dict().values(), dp.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-5)  # no noise, no effective clipping: plain SGD
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"labels": -100}, ValueError, "labels must be class indices in 0..9"),
+        ({"lr": float("nan")}, ValueError, "lr must be a finite number > 0"),
+        ({"steps": 2.5}, TypeError, "steps must be an integer >= 0 (optimiser steps)"),
+    ],
+)
+def test_training_refuses_an_ignored_label_or_a_bad_hyperparameter(digits, change, error, message):
+    """PyTorch's cross-entropy silently drops the label -100 from the mean; Adam fails on a NaN lr
+    only inside torch; a fractional step count fails inside range(): each is named up front."""
+    x, y, _, _ = digits
+    labels = y[:8].clone()
+    if "labels" in change:
+        labels[3] = change["labels"]
+    options = {"steps": 1, "lr": 1e-3} | {k: v for k, v in change.items() if k != "labels"}
+    with pytest.raises(error, match=re.escape(message)):
+        train(mlp(), x[:8], labels, **options)

@@ -1,5 +1,7 @@
 """Client updates, per-sample gradients, update checking and label recovery."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -82,6 +84,28 @@ def test_local_update_one_step_is_lr_times_gradient():
     assert any((several[k] - one[k]).abs().max() > 1e-6 for k in one)
     # the model itself is untouched
     torch.testing.assert_close(G.client_update(model, x, y)["5.bias"], grad["5.bias"])
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"steps": 1, "lr": float("nan")}, ValueError, "lr must be a finite number > 0"),
+        ({"steps": 1, "lr": float("inf")}, ValueError, "lr must be a finite number > 0"),
+        ({"steps": 2.5, "lr": 0.1}, TypeError, "steps must be an integer >= 1 (local SGD steps)"),
+    ],
+)
+def test_local_update_refuses_a_bad_step_count_or_size(options, error, message):
+    model = small_cnn()
+    x, y = batch(2)
+    with pytest.raises(error, match=re.escape(message)):
+        G.local_update(model, x, y, **options)
+
+
+def test_batch_label_recovery_needs_a_whole_number_of_images():
+    model = small_cnn()
+    x, y = batch(2)
+    with pytest.raises(TypeError, match=re.escape("n must be an integer >= 1")):
+        G.recover_labels_batch(model, G.client_update(model, x, y), 2.5)
 
 
 def test_logistic_loss_matches_formula_and_checks_labels():

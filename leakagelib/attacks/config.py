@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from numbers import Integral, Real
 
+from ..validation import require_count, require_number
 from .likelihoods import WEIGHTINGS
 
 __all__ = ["ENGINES", "INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
@@ -21,23 +21,6 @@ OPTIMIZERS = ("adam", "lbfgs")
 SCHEDULES = ("exponential", "step", "constant", "plateau")
 INITS = ("normal", "uniform", "zeros", "pattern")
 ENGINES = ("auto", "hooks", "vmap")
-
-
-def _count(name: str, value: object, meaning: str) -> None:
-    """``value`` must be an integer >= 1 (not a bool, not 2.5)."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an integer >= 1 ({meaning}), got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1 ({meaning}), got {value!r}")
-
-
-def _number(name: str, value: object, meaning: str, *, low: float, low_open: bool) -> None:
-    """``value`` must be a finite real number above ``low`` (strictly when ``low_open``)."""
-    bound = f"> {low:g}" if low_open else f">= {low:g}"
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a finite number {bound} ({meaning}), got {value!r}")
-    if not math.isfinite(value) or value < low or (low_open and value == low):
-        raise ValueError(f"{name} must be a finite number {bound} ({meaning}), got {value!r}")
 
 
 def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
@@ -64,18 +47,20 @@ class Setting:
     beta_start: float | None = None
 
     def __post_init__(self) -> None:
-        _number("lr", self.lr, "the initial learning rate", low=0.0, low_open=True)
-        _number("decay", self.decay, "the schedule's factor, at most 1", low=0.0, low_open=True)
+        require_number("lr", self.lr, "the initial learning rate", low=0.0, low_open=True)
+        require_number(
+            "decay", self.decay, "the schedule's factor, at most 1", low=0.0, low_open=True
+        )
         if self.decay > 1:
             raise ValueError(
                 f"decay must be in (0, 1] (the schedule's factor; 1 keeps lr), got {self.decay!r}"
             )
-        _number("beta", self.beta, "the prior weight", low=0.0, low_open=False)
+        require_number("beta", self.beta, "the prior weight", low=0.0, low_open=False)
         if self.weighting is not None:
             _choice("layer weighting", self.weighting, WEIGHTINGS)
         if self.beta_start is not None:
             meaning = "the annealed prior weight's start, with beta > 0"
-            _number("beta_start", self.beta_start, meaning, low=0.0, low_open=True)
+            require_number("beta_start", self.beta_start, meaning, low=0.0, low_open=True)
             if self.beta <= 0:
                 raise ValueError(f"an annealed prior weight needs beta > 0, got {self.beta!r}")
 
@@ -159,24 +144,27 @@ class AttackConfig:
     per_attack: bool = False
 
     def __post_init__(self) -> None:
-        _count("steps", self.steps, "optimiser steps")
-        _count("restarts", self.restarts, "independent starts per attack")
-        _count("mc_samples", self.mc_samples, "Monte-Carlo samples k per step")
-        _count("lbfgs_iterations", self.lbfgs_iterations, "L-BFGS iterations per step")
-        _count("lbfgs_history", self.lbfgs_history, "L-BFGS history size")
-        _count("decay_every", self.decay_every, "steps per exponential decay")
-        _count("pattern_size", self.pattern_size, "side of CPL's tiled patch")
+        require_count("steps", self.steps, "optimiser steps")
+        require_count("restarts", self.restarts, "independent starts per attack")
+        require_count("mc_samples", self.mc_samples, "Monte-Carlo samples k per step")
+        require_count("lbfgs_iterations", self.lbfgs_iterations, "L-BFGS iterations per step")
+        require_count("lbfgs_history", self.lbfgs_history, "L-BFGS history size")
+        require_count("decay_every", self.decay_every, "steps per exponential decay")
+        require_count("pattern_size", self.pattern_size, "side of CPL's tiled patch")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("init", self.init, INITS)
         _choice("engine", self.engine, ENGINES)
-        _number("init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True)
-        _number("delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False)
+        require_number(
+            "init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True
+        )
+        require_number(
+            "delta", self.delta, "the Monte-Carlo ball's radius", low=0.0, low_open=False
+        )
         self._check_control()
-        if isinstance(self.anneal_steps, bool) or not isinstance(self.anneal_steps, Integral):
-            raise TypeError(f"anneal_steps must be an integer >= 0, got {self.anneal_steps!r}")
-        if self.anneal_steps < 0:
-            raise ValueError(f"anneal_steps must be an integer >= 0, got {self.anneal_steps!r}")
+        require_count(
+            "anneal_steps", self.anneal_steps, "steps the prior weight anneals over", low=0
+        )
         if self.optimizer == "lbfgs" and (self.signed or self.mc_samples > 1 or self.anneal_steps):
             raise ValueError(
                 "L-BFGS needs a deterministic objective: no signed gradients, MC samples or "
@@ -186,28 +174,19 @@ class AttackConfig:
 
     def _check_control(self) -> None:
         """Validate the plateau schedule's and early stopping's fields."""
-        if isinstance(self.plateau_patience, bool) or not isinstance(
-            self.plateau_patience, Integral
-        ):
-            raise TypeError(
-                f"plateau_patience must be an integer >= 0 (bad steps before lr drops), "
-                f"got {self.plateau_patience!r}"
-            )
-        if self.plateau_patience < 0:
-            raise ValueError(
-                f"plateau_patience must be an integer >= 0 (bad steps before lr drops), "
-                f"got {self.plateau_patience!r}"
-            )
-        _number("plateau_threshold", self.plateau_threshold, "the relative improvement that "
+        require_count("plateau_patience", self.plateau_patience, "bad steps before lr drops", low=0)
+        require_number("plateau_threshold", self.plateau_threshold, "the relative improvement that "
                 "counts, below 1", low=0.0, low_open=False)  # fmt: skip
         if self.plateau_threshold >= 1:
             raise ValueError(f"plateau_threshold must be below 1, got {self.plateau_threshold!r}")
         if self.schedule == "plateau" and self.decay == 1:
             raise ValueError("decay must be below 1 with schedule='plateau' (the lr's factor)")
         if self.stop_patience is not None:
-            _count("stop_patience", self.stop_patience, "steps without improvement before a stop")
+            require_count(
+                "stop_patience", self.stop_patience, "steps without improvement before a stop"
+            )
         if self.stop_below is not None:
-            _number("stop_below", self.stop_below, "the objective that ends an attack",
+            require_number("stop_below", self.stop_below, "the objective that ends an attack",
                     low=-math.inf, low_open=True)  # fmt: skip
         if not isinstance(self.keep_best, bool):
             raise TypeError(f"keep_best must be True or False, got {self.keep_best!r}")
