@@ -101,6 +101,13 @@ def check_names(overrides: dict[str, str], uses: Sequence[str], who: str, source
         looks_like_path = spec.endswith(".npz") or os.sep in spec
         if looks_like_path and not Path(spec).expanduser().is_file():
             raise UsageError(f"{source} {logical}={spec}: no such file")
+        if spec.endswith(".npz"):  # its format now, not when the experiment first loads it
+            from .data.npz_format import check_file
+
+            try:
+                check_file(spec, logical)
+            except (ValueError, MemoryError, OSError) as err:
+                raise UsageError(f"{source} {logical}: {err}") from None
 
 
 def campaign_data(ids: Sequence[str], items: Sequence[str]) -> dict[str, list[str]]:

@@ -180,6 +180,22 @@ def test_a_folder_that_refuses_new_files_is_found_before_the_run(capsys, monkeyp
     assert err.count("\n") == 1, "one line"
 
 
+def test_a_bad_file_for_a_dataset_loaded_late_is_refused_before_the_run(
+    capsys, monkeypatch, tmp_path
+):
+    """bayes/table2 loads cifar10 after its MNIST cells: a greyscale file given for cifar10 is
+    refused before the first cell, not after it (the file's format is read from its header)."""
+    np = pytest.importorskip("numpy")
+    grey = tmp_path / "grey.npz"
+    np.savez(grey, images=np.zeros((4, 1, 28, 28), np.uint8), labels=np.zeros(4, np.int64))
+    calls = _no_run(monkeypatch)
+    args = ["reproduce", "bayes/table2", "--quiet", "--out", str(tmp_path / "r.json"),
+            "--data", f"cifar10={grey}"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--data cifar10:" in err and "whose images have 3 channel(s)" in err and calls == []
+
+
 def test_a_typo_in_the_data_environment_variable_is_refused(capsys, monkeypatch, tmp_path):
     calls = _no_run(monkeypatch)
     monkeypatch.setenv("LEAKAGELIB_DATA", "cifar=x.npz")
@@ -218,8 +234,10 @@ def test_a_campaign_hands_each_experiment_the_data_it_uses(capsys, monkeypatch, 
     none of them uses fails before any work, naming the ones they use."""
     import leakagelib.cli as cli
 
+    np = pytest.importorskip("numpy")
     mnist, cifar = tmp_path / "m.npz", tmp_path / "c.npz"
-    mnist.write_bytes(b""), cifar.write_bytes(b"")
+    for path, shape in ((mnist, (4, 1, 28, 28)), (cifar, (4, 3, 32, 32))):
+        np.savez(path, images=np.zeros(shape, np.uint8), labels=np.zeros(4, np.int64))
     shares = cli.campaign_data(
         ["intro/bias-attack", "rgap/table3-rank"], [f"mnist={mnist}", f"cifar10={cifar}"]
     )

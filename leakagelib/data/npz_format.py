@@ -165,6 +165,21 @@ def _choose(
     return order, formula(source, len(part), n, seed, shuffle)
 
 
+def check_file(spec: str, dataset: str) -> None:
+    """The checks :func:`load_npz` makes before it reads any image, for a file given for
+    ``dataset``: the arrays present, the images' dtype, rank, layout and channels (not their
+    size, which an experiment may resize), the declared sizes against the archive, and the
+    labels. The command line runs it for every ``--data`` file before a run starts, so that a bad
+    file for a dataset an experiment loads late does not fail after hours of work."""
+    with NpzArchive(Path(spec).expanduser()) as archive:
+        headers = archive.headers(("images", "labels"), ("classes",), _NEEDS)
+        images = headers["images"]
+        check_images(archive.path, images, dataset, check_size=False)
+        check_labels_header(archive.path, headers["labels"], images.shape[0])
+        classes = _classes(archive, headers.get("classes"))
+        check_label_values(archive.path, archive.read(headers["labels"]), classes, dataset)
+
+
 def load_npz(
     spec: str,
     n: int | None,
