@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import data, models
 from .cli_checks import MAX_SEED, UsageError, campaign_data, check_data, check_device, check_out
@@ -232,7 +232,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
 
 def _run_options() -> argparse.ArgumentParser:
     """The options every run takes (``reproduce`` and ``campaign``)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--scale", choices=("ci", "paper"), default="ci")
     common.add_argument(
         "--data",
@@ -252,10 +252,16 @@ def _run_options() -> argparse.ArgumentParser:
     return common
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors on one line and exit status 2, as the checks of
+    :mod:`.cli_checks` report theirs (the usage block stays with ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m leakagelib", description=__doc__.splitlines()[0]
-    )
+    parser = _Parser(prog="python -m leakagelib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list models, datasets and experiments").set_defaults(fn=_cmd_list)
     common = _run_options()

@@ -196,6 +196,21 @@ def test_a_bad_file_for_a_dataset_loaded_late_is_refused_before_the_run(
     assert "--data cifar10:" in err and "whose images have 3 channel(s)" in err and calls == []
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["reproduce", "intro/bias-attack", "--seed", "1.5"], "argument --seed: invalid int"),
+        (["reproduce"], "the following arguments are required: id"),
+        (["frob"], "invalid choice: 'frob'"),
+    ],
+)
+def test_argparse_errors_are_one_line_too(args, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
 def test_a_typo_in_the_data_environment_variable_is_refused(capsys, monkeypatch, tmp_path):
     calls = _no_run(monkeypatch)
     monkeypatch.setenv("LEAKAGELIB_DATA", "cifar=x.npz")
