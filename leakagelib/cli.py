@@ -206,7 +206,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     estimator = Estimator(args.device)
     plan, seconds = [], []
     for exp_id in ids:
-        out = check_out(str(Path(args.results) / record_filename(exp_id)))
+        out = check_out(str(Path(args.results) / record_filename(exp_id)), "--results")
         mine = argparse.Namespace(**{**vars(args), "id": exp_id, "data": data[exp_id]})
         status, line, eta = _plan_line(exp_id, out, mine, estimator)
         plan.append((exp_id, out, status))

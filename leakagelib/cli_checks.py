@@ -21,36 +21,37 @@ class UsageError(ValueError):
 MAX_SEED = 2**31 - 1
 
 
-def check_out(out: str) -> Path:
+def check_out(out: str, option: str = "--out") -> Path:
     """The record path ``out``, checked: a file path whose folder exists or can be made, writable.
 
-    Writability is tried, not only asked of ``os.access``: a file is created and removed in the
+    Messages name ``option``, the argument the path came from (``campaign`` builds its records'
+    paths from ``--results``). Writability is tried, not only asked of ``os.access``: a file is created and removed in the
     nearest existing folder, since some folders refuse files whatever their permission bits say
     (``/proc``, ``/sys``, a read-only mount, an immutable folder under root)."""
     if not out.strip():
-        raise UsageError("--out is empty; give a file path such as results/record.json")
+        raise UsageError(f"{option} is empty; give a file path such as results/record.json")
     path = Path(out).expanduser()
     if path.is_dir() or out.endswith(("/", os.sep)):
         raise UsageError(
-            f"--out {out!r} is a directory; give a file path such as {out.rstrip('/')}/record.json"
+            f"{option} {out!r} is a directory; give a file path such as {out.rstrip('/')}/record.json"
         )
     folder = path.parent if str(path.parent) else Path(".")
     existing = folder
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"--out {out!r}: {existing} is a file, so the folder cannot be made")
+        raise UsageError(f"{option} {out!r}: {existing} is a file, so the folder cannot be made")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out!r}: the folder {existing} is not writable")
+        raise UsageError(f"{option} {out!r}: the folder {existing} is not writable")
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".leakagelib-write-test-"):
             pass
     except OSError as err:
         raise UsageError(
-            f"--out {out!r}: the folder {existing} does not take new files ({err.strerror})"
+            f"{option} {out!r}: the folder {existing} does not take new files ({err.strerror})"
         ) from None
     if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"--out {out!r} exists and is not writable")
+        raise UsageError(f"{option} {out!r} exists and is not writable")
     return path
 
 
