@@ -1,4 +1,4 @@
-"""The Bayes-framework paper's (Balunović et al., ICLR 2022) image experiments: Tables 2 and 5, Fig. 7.
+"""The Bayes-framework paper's (Balunović et al., ICLR 2022) image experiments: Tables 2 and 5.
 
 Each builds its scenario with :func:`~leakagelib.experiments.case.build_case`:
 ``bayes-cnn`` (seeded LeCun-normal initialisation, trained for 0 or 500
@@ -10,7 +10,7 @@ are presets of :mod:`leakagelib.attacks.presets` named as the rows name them:
 (:mod:`leakagelib.attacks.search`) on the first ``tune_victims`` victims and
 then attacks every victim with its tuned setting; the attacks of one defense run as settings of
 one batched program. The chapter "Bayes versus heuristics under defenses"
-runs all three experiments.
+runs both, and Fig. 7 (:mod:`.bayes_mc_samples`), which shares their scenario.
 
 **ci scale.** The ci runs attack the data at their real resolutions: the
 embedded stand-ins ``digits28`` (1×28×28) for MNIST and ``patches``
@@ -45,15 +45,10 @@ their tuners score. Table 5 tunes on one victim (:func:`table5_priors`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, replace
 
-import torch
-from torch import Tensor
-
 from .. import records
-from ..attacks import Attack, PixelRange, Prior, TotalVariation, preset
-from ..defenses import GaussianNoise
+from ..attacks import PixelRange, Prior, TotalVariation, preset
 from .bayes_scenario import (
     ATTACKS,
     DEFENSES,
@@ -65,12 +60,12 @@ from .bayes_scenario import (
     table2_attacks,
     tune,
 )
-from .bayes_work import fig7_work, table2_work, table5_work
+from .bayes_work import table2_work, table5_work
 from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["FIG7", "SHOWN", "TABLE2", "TABLE5", "fig7_mc_samples", "table2", "table5_priors"]
+__all__ = ["SHOWN", "TABLE2", "TABLE5", "table2", "table5_priors"]
 
 #: ci: eight victims, 25 attack steps, a constant β on a coarse log grid only (module docstring);
 #: paper: the authors' tuners (:func:`~.bayes_scenario.tuners`). Table 2 tunes on ten victims at
@@ -124,7 +119,7 @@ _TABLE5_SOURCES = {
 #: How many victims of a Table 2 cell keep their reconstructions in the rows (Table 2 has no
 #: figure; the chapter shows these beside the originals). Two keep the paper-scale record near
 #: 3 MB: 16 cells × 4 attacks × 2 images and their originals, up to 3×32×32 values each.
-#: Table 5's and Figure 7's rows keep as many.
+#: Table 5's and Figure 7's (:mod:`.bayes_mc_samples`) rows keep as many.
 SHOWN = 2
 
 #: The defenses whose Table 2 and Table 5 cells the ci scale runs (module docstring).
@@ -155,17 +150,6 @@ TABLE5 = ScaleConfig(
              "ℓ2 attack's 480 per φ and for TV alone (the authors search φ inside one grid, "
              "after stages 1–2 with φ = 0.25; here every φ is tuned as an attack of its own and "
              "chosen by its tuning score); ci: none", **SCENARIO.sources},
-)  # fmt: skip
-
-FIG7 = ScaleConfig(
-    ci={"victims": 6, "steps": 30, "mc_samples": (1, 4, 16), "delta": 9.0, "noise": 0.1,
-        "beta": 0.1, **SCENARIO.ci},
-    paper={"victims": 100, "steps": 200, "mc_samples": (1, 2, 4, 8, 16), "delta": 9.0,
-           "noise": 0.1, "beta": 0.1, **SCENARIO.paper},
-    sources={"victims": "A.6: '100 different sampled images'", "steps": "Table 2's attack",
-             "mc_samples": "Fig. 7; ci: three of its five", "delta": "A.6: δ = 9.0 on 28×28 inputs (scaled by "
-             "√(pixels / 784) on others)", "noise": "A.6: Gaussian noise σ = 0.1",
-             "beta": "ours: the Bayes preset's default", **SCENARIO.sources},
 )  # fmt: skip
 
 
@@ -348,59 +332,3 @@ def table5_priors(ctx: Context) -> list[dict]:
         return [{**head, **_table5_row(ctx, case, offset=5000 + 10 * j, defense=name)}]
 
     return ctx.units(cfg.defenses, unit, "table5")
-
-
-def _psnr_curves(case: Case, attack: Attack, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Every victim's PSNR after every step of ``attack`` on ``case`` (``steps × victims``), and
-    the attack's reconstructions."""
-    curves: list[Tensor] = []
-
-    def record(step: int, x: Tensor) -> None:
-        rec = case.normalizer.denormalize(x[0, :, 0, 0].cpu())  # setting 0, restart 0, input 0
-        curves.append(case.score_images(rec, "psnr"))
-
-    result = case.attack(attack, generator=generator, callback=record)
-    return torch.stack(curves), case.reconstructions(result)
-
-
-@experiment(
-    "bayes/fig7-mc-samples",
-    row_keys=("k", "psnr"),
-    config=FIG7,
-    reference_source="Fig. 7 of Balunović et al. (ICLR 2022), a figure without numbers",
-    datasets=("mnist",),
-    work=fig7_work,
-)
-def fig7_mc_samples(ctx: Context) -> list[dict]:
-    """Bayes paper Fig. 7: PSNR per attack step for k Monte-Carlo samples (k ∈ ``mc_samples``).
-
-    The MNIST network at initialisation, Gaussian noise, the Bayes attack with
-    δ = 9 on 28×28 inputs (A.6; scaled by √(pixels / 784) on other sizes, so
-    that the ball covers the same share of each pixel). Every k starts from
-    the same initial images (common random numbers: with a seed per k the
-    spread between initialisations hides the effect of k). One unit per k.
-    Rows: ``k``, ``delta``, ``psnr`` (final, mean over the victims),
-    ``psnr_mean`` (mean over the steps: the area under the curve, which grows
-    with faster convergence), both per image (``psnr_per_image``,
-    ``psnr_mean_per_image``), ``curve`` (the victims' mean PSNR per step), and
-    ``pictures`` (the first :data:`SHOWN` victims and the final reconstructions).
-    """
-    cfg = ctx.config
-    model, victims = scenario(ctx, "mnist", 0, cfg.victims)
-    defense = GaussianNoise(cfg.noise)
-    case = build_case(
-        model, *victims, defense=defense, generator=ctx.generator(7), device=ctx.device
-    )
-    delta = cfg.delta * math.sqrt(math.prod(case.input_shape) / 784.0)
-
-    def unit(k: int) -> list[dict]:
-        attack = preset("bayes", likelihood=defense.likelihood(), beta=cfg.beta, steps=cfg.steps,
-                        mc_samples=k, delta=delta)  # fmt: skip
-        curves, found = _psnr_curves(case, attack, ctx.generator(70))
-        final, area = curves[-1], curves.mean(0)
-        return [{"k": k, "delta": delta, "psnr": float(final.mean()), "psnr_mean": float(area.mean()),
-                 "psnr_per_image": final.tolist(), "psnr_mean_per_image": area.tolist(),
-                 "curve": curves.mean(1).tolist(),
-                 "pictures": records.pictures(case.images, found, SHOWN)}]  # fmt: skip
-
-    return ctx.units(cfg.mc_samples, unit, "fig7")
