@@ -97,6 +97,7 @@ FIGURE_MAKERS = {
     ("plt", "subplot_mosaic"),
     ("viz", "show_grid"),
     ("viz", "show_rows"),
+    ("viz", "show_pictures"),
 }
 #: A widget cell: its figures are drawn by a callback, and a static twin shows them in the book.
 WIDGET = re.compile(r"\bwidgets\.interactive\(|\binteract\(|\.observe\(")
