@@ -25,9 +25,10 @@ def check_out(out: str, option: str = "--out") -> Path:
     """The record path ``out``, checked: a file path whose folder exists or can be made, writable.
 
     Messages name ``option``, the argument the path came from (``campaign`` builds its records'
-    paths from ``--results``). Writability is tried, not only asked of ``os.access``: a file is created and removed in the
-    nearest existing folder, since some folders refuse files whatever their permission bits say
-    (``/proc``, ``/sys``, a read-only mount, an immutable folder under root)."""
+    paths from ``--results``). The folder's writability is tried, not asked of ``os.access``: a
+    file is created and removed in the nearest existing folder, since some folders refuse files
+    whatever their permission bits say (``/proc``, ``/sys``, a read-only mount, an immutable
+    folder under root)."""
     if not out.strip():
         raise UsageError(f"{option} is empty; give a file path such as results/record.json")
     path = Path(out).expanduser()
@@ -41,14 +42,12 @@ def check_out(out: str, option: str = "--out") -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"{option} {out!r}: {existing} is a file, so the folder cannot be made")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {out!r}: the folder {existing} is not writable")
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".leakagelib-write-test-"):
             pass
     except OSError as err:
         raise UsageError(
-            f"{option} {out!r}: the folder {existing} does not take new files ({err.strerror})"
+            f"{option} {out!r}: the folder {existing} is not writable ({err.strerror})"
         ) from None
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{option} {out!r} exists and is not writable")

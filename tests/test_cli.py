@@ -176,7 +176,7 @@ def test_a_folder_that_refuses_new_files_is_found_before_the_run(capsys, monkeyp
     out = str(tmp_path / "sub" / "r.json")
     assert main(["reproduce", "intro/bias-attack", "--quiet", "--out", out]) == 2
     err = capsys.readouterr().err
-    assert f"the folder {tmp_path} does not take new files" in err and calls == []
+    assert f"the folder {tmp_path} is not writable" in err and calls == []
     assert err.count("\n") == 1, "one line"
 
 
