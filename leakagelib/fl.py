@@ -36,6 +36,8 @@ State = dict[str, Tensor]
 
 
 def _check_data(images: Tensor, labels: Tensor, what: str) -> None:
+    """Shapes only, for :mod:`.fedavg`'s checks made before a model is at hand (with a model,
+    :func:`~leakagelib.gradients.check_batch` checks values and classes too)."""
     if images.dim() != 4:
         raise ValueError(f"{what} images must be N×C×H×W, got shape {tuple(images.shape)}")
     if labels.dim() != 1 or labels.shape[0] != images.shape[0]:
@@ -58,7 +60,7 @@ def evaluate(
     model: nn.Module, images: Tensor, labels: Tensor, *, batch_size: int = 512
 ) -> tuple[float, float]:
     """(mean training loss, accuracy) of ``model`` in eval mode on the given data."""
-    _check_data(images, labels, "evaluation")
+    check_batch(model, images, labels)  # finite images, labels in the model's classes
     was_training = model.training
     model.eval()
     total_loss, correct = 0.0, 0
@@ -150,7 +152,6 @@ def train(
     ``"sgd"``. The Bayes paper trains its ATS and Soteria networks with batch
     size 32 (A.1, A.2).
     """
-    _check_data(images, labels, "training")
     check_batch(model, images, labels)  # finite images, labels in the model's classes
     require_count("steps", steps, "optimiser steps", low=0)
     require_count("batch_size", batch_size, "images per step")
