@@ -133,8 +133,7 @@ def _batch_attacks(ctx: Context, x: Tensor) -> list[dict]:
             "attack": attack,
             "fit_residual": float(np.mean([_best_combination(x, img)[1] for img in images])),
             "mse_matched": mse,
-            "pictures": {"original": records.image_lists(x),
-                         "reconstruction": records.image_lists(ordered)},
+            "pictures": records.pictures(x, ordered, len(x)),
         })  # fmt: skip
     return rows
 
