@@ -21,12 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .defenses.base import GradientDefense, NoDefense
-from .defenses.bottlenecks import kl_loss
-from .gradients import check_batch
+from .gradients import check_batch, client_loss
 from .validation import require_count, require_number
 
 __all__ = ["TrainResult", "accuracy", "evaluate", "train", "training_loss"]
@@ -51,8 +49,12 @@ def _snapshot(model: nn.Module) -> State:
 
 
 def training_loss(model: nn.Module, images: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy plus the β-weighted KL terms of the model's bottlenecks (CVB Eq. 3)."""
-    return F.cross_entropy(model(images), labels) + kl_loss(model)
+    """Mean cross-entropy plus the β-weighted KL terms of the model's bottlenecks (CVB Eq. 3).
+
+    :func:`leakagelib.gradients.client_loss` of the model's outputs on ``images``:
+    the loss whose gradient a client also shares as its update.
+    """
+    return client_loss(model, model(images), labels)
 
 
 @torch.no_grad()
@@ -68,7 +70,7 @@ def evaluate(
         for lo in range(0, images.shape[0], batch_size):
             x, y = images[lo : lo + batch_size], labels[lo : lo + batch_size]
             out = model(x)
-            total_loss += float((F.cross_entropy(out, y) + kl_loss(model)) * x.shape[0])
+            total_loss += float(client_loss(model, out, y) * x.shape[0])
             correct += int((out.argmax(dim=1) == y).sum())
     finally:
         model.train(was_training)

@@ -39,6 +39,7 @@ __all__ = [
     "Update",
     "check_batch",
     "check_update",
+    "client_loss",
     "client_update",
     "functional_gradient",
     "local_update",
@@ -105,6 +106,25 @@ def loss_function(name: str) -> LossFn:
     if name not in _LOSSES:
         raise KeyError(f"unknown loss {name!r}; available losses: {', '.join(sorted(_LOSSES))}")
     return _LOSSES[name]
+
+
+def client_loss(model: nn.Module, outputs: Tensor, labels: Tensor, *, loss: str = "ce") -> Tensor:
+    """The loss a client trains on, whose gradient is its update.
+
+    The mean ``loss`` of ``outputs`` (the model's forward pass just run) plus
+    ``β·KL`` of every variational bottleneck that pass went through (CVB paper
+    Eq. 3; :func:`leakagelib.defenses.bottlenecks.kl_loss`, zero for a model
+    without one). The CVB authors' code shares this gradient, and simulates it
+    in the attack, for their CVB models (``src/attacks.py``, ``get_gradient``
+    with ``config.training.loss``, ``VBLoss`` in ``configs/models/CNNCVB.yaml``):
+    the paper's victim update is "a single training step". Training
+    (:mod:`leakagelib.fl`), the client's update and the attacks' simulated one
+    (:mod:`leakagelib.attacks.per_attack`, :func:`functional_gradient`) all use it.
+    """
+    # imported here, not at the top: the defenses package imports this module
+    from .defenses.bottlenecks import kl_loss
+
+    return loss_function(loss)(outputs, labels) + kl_loss(model)
 
 
 def _num_classes(model: nn.Module, images: Tensor) -> int:
@@ -190,14 +210,16 @@ def params_of(model: nn.Module) -> Update:
 
 
 def client_update(model: nn.Module, images: Tensor, labels: Tensor, *, loss: str = "ce") -> Update:
-    """The gradient of the mean loss over ``images`` — the update of one FedSGD client.
+    """The gradient of the training loss over ``images`` — the update of one FedSGD client.
 
-    The model's parameters are not changed and its ``.grad`` fields are not touched.
+    The training loss is the mean ``loss``, plus β·KL for a model with a
+    variational bottleneck (:func:`client_loss`). The model's parameters are
+    not changed and its ``.grad`` fields are not touched.
     """
     check_batch(model, images, labels, loss=loss)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
-    value = loss_function(loss)(model(images), labels)
+    value = client_loss(model, model(images), labels, loss=loss)
     grads = torch.autograd.grad(value, params)
     return {n: g.detach() for n, g in zip(names, grads, strict=True)}
 
@@ -228,12 +250,11 @@ def local_update(
     local = copy.deepcopy(model)
     start = params_of(local)
     opt = torch.optim.SGD([p for p in local.parameters() if p.requires_grad], lr=lr)
-    fn = loss_function(loss)
     for step in range(steps):
         lo = (step * bs) % n
         idx = torch.arange(lo, lo + bs, device=images.device) % n
         opt.zero_grad()
-        fn(local(images[idx]), labels[idx]).backward()
+        client_loss(local, local(images[idx]), labels[idx], loss=loss).backward()
         opt.step()
     end = params_of(local)
     return {k: start[k] - end[k] for k in start}
@@ -242,18 +263,19 @@ def local_update(
 def functional_gradient(
     model: nn.Module, *, loss: str = "ce"
 ) -> Callable[[Update, Tensor, Tensor], Update]:
-    """A pure ``fn(params, images, labels) -> Update``: the gradient of the mean loss.
+    """A pure ``fn(params, images, labels) -> Update``: the gradient of the training loss.
 
     Built on :func:`torch.func.functional_call`, so it composes with
     :func:`torch.func.grad` (attacks differentiate the gradient with respect to
     the input) and :func:`torch.func.vmap` (many attacks in one program).
-    Buffers are read from ``model``; parameters come from ``params``.
+    Buffers are read from ``model``; parameters come from ``params``. The loss
+    is :func:`client_loss`'s (β·KL included for a model with a bottleneck).
     """
-    fn = loss_function(loss)
     buffers = dict(model.named_buffers())
 
     def value(params: Update, images: Tensor, labels: Tensor) -> Tensor:
-        return fn(functional_call(model, {**params, **buffers}, (images,)), labels)
+        outputs = functional_call(model, {**params, **buffers}, (images,))
+        return client_loss(model, outputs, labels, loss=loss)
 
     return grad(value)
 

@@ -17,6 +17,7 @@ from leakagelib.defenses.bottlenecks import (
     adaptive_size,
     bottlenecks,
     kl_loss,
+    kl_loss_rows,
 )
 from leakagelib.defenses.surgery import (
     apply_bottleneck_option,
@@ -120,6 +121,24 @@ def test_kl_loss_is_the_beta_weighted_sum(cnn: nn.Module) -> None:
     total = sum(0.5 * float(m.last_kl.detach()) for _, m in found)
     assert float(kl_loss(model).detach()) == pytest.approx(total)
     assert float(kl_loss(cnn)) == 0.0
+
+
+@pytest.mark.parametrize("spec", [{"kind": "cvb", "position": [1, 2], "kl": "reference"},
+                                  {"kind": "precode", "position": 3}], ids=["cvb", "precode"])  # fmt: skip
+def test_each_row_has_its_own_kl_term(cnn: nn.Module, spec: dict, monkeypatch) -> None:
+    """The per-row terms average to the batch's, and a row's does not depend on the others
+    (what lets the hooked attack engine give every attack the KL of its own rows); the noise
+    is held at zero, since a second bottleneck's KL depends on the first one's draw."""
+    monkeypatch.setattr(torch, "randn_like", torch.zeros_like)
+    model = apply_bottleneck_option(cnn, spec, SHAPE)
+    x = torch.rand(3, *SHAPE)
+    model(x)
+    rows = kl_loss_rows(model).detach()
+    assert rows.shape == (3,) and len(set(rows.tolist())) == 3
+    assert float(rows.mean()) == pytest.approx(float(kl_loss(model).detach()), rel=1e-6)
+    model(x[1:2])
+    assert float(kl_loss_rows(model).detach()[0]) == pytest.approx(float(rows[1]), rel=1e-5)
+    assert kl_loss_rows(cnn) is None
 
 
 def test_ignore_selection_splits_at_the_decoder(cnn: nn.Module) -> None:

@@ -236,3 +236,40 @@ def test_check_update_rejects_non_finite_entries_and_checks_stacked_updates():
     with pytest.raises(ValueError, match="same leading dimension N"):
         G.check_update(model, {**per, "5.bias": per["5.bias"][:1]}, stacked=True)
     assert torch.equal(G.stack_updates([update, update])["5.bias"][1], update["5.bias"])
+
+
+def _cvb_net(beta: float) -> nn.Module:
+    from leakagelib.defenses.bottlenecks import CVB
+    from leakagelib.defenses.surgery import insert_bottleneck
+
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(256, 10))  # fmt: skip
+    return insert_bottleneck(conv, CVB(4, kernel_size=3, beta=beta, kl="reference"), 1)
+
+
+@pytest.mark.parametrize("route", ["client_update", "functional_gradient", "per_sample"])
+def test_the_update_of_a_bottleneck_model_is_the_training_losss_gradient(route, monkeypatch):
+    """Cross-entropy plus β·KL (the CVB authors' shared update): β reaches the encoders and
+    every layer before the bottleneck, not the decoder and the layers after it."""
+    monkeypatch.setattr(torch, "randn_like", torch.zeros_like)  # the same noise for both β
+    x, y = batch(2)
+
+    def update(beta: float) -> dict:
+        model = _cvb_net(beta)
+        if route == "client_update":
+            return G.client_update(model, x, y)
+        if route == "functional_gradient":
+            return G.functional_gradient(model)(G.params_of(model), x, y)
+        return {k: v.mean(0) for k, v in G.per_sample_updates(model, x, y).items()}
+
+    low, high = update(0.0), update(1.0)
+    changed = {k for k in low if not torch.allclose(low[k], high[k])}
+    assert changed == {"0.weight", "0.bias", "bottleneck.mu_encoder.weight",
+                       "bottleneck.std_encoder.weight"}, changed  # fmt: skip
+    model = _cvb_net(1.0)
+    out = model(x)
+    total = nn.functional.cross_entropy(out, y) + model.get_submodule("bottleneck").last_kl
+    expected = torch.autograd.grad(total, list(model.parameters()))
+    for (name, _), g in zip(model.named_parameters(), expected, strict=True):
+        torch.testing.assert_close(high[name], g, rtol=1e-5, atol=1e-7)

@@ -37,7 +37,8 @@ same objective and gradient (``tests/test_per_attack.py``). A variational
 bottleneck (PRECODE, CVB; a module that declares ``rows_independent``) draws
 each row's noise on its own, so every attack gets noise of its own, as under
 ``vmap(..., randomness="different")``: the same distribution, other draws
-(the tests compare the two routes with the noise held at zero). Used by
+(the tests compare the two routes with the noise held at zero), and each
+attack's loss holds the β·KL of its own rows. Used by
 every optimisation attack through :func:`leakagelib.attacks.objective.batched_objective`.
 """
 
@@ -108,6 +109,22 @@ def row_losses(outputs: Tensor, target: Tensor, loss: str) -> Tensor:
     if loss == "logistic":
         return F.softplus(-target.to(outputs.dtype) * outputs.reshape(outputs.shape[0]))
     raise KeyError(f"unknown loss {loss!r}; available losses: ce, logistic")
+
+
+def _loss_sum(model: nn.Module, outputs: Tensor, target: Tensor, loss: str) -> Tensor:
+    """The sum over rows of each row's training loss: its ``loss`` plus its β·KL.
+
+    The KL terms are those of the model's variational bottlenecks on the
+    forward pass that gave ``outputs`` — the per-row form of
+    :func:`leakagelib.gradients.client_loss`, so that each attack's
+    simulated update, like the client's, is its training loss's gradient.
+    """
+    # imported here, not at the top: the defenses package imports this one
+    from ..defenses.bottlenecks import kl_loss_rows
+
+    per_row = row_losses(outputs, target, loss)
+    kl = kl_loss_rows(model)
+    return (per_row if kl is None else per_row + kl).sum()
 
 
 @contextmanager
@@ -325,7 +342,7 @@ def _factor(module: nn.Module, rows: int) -> bool:
 def _one_attack(model: nn.Module, rows: Tensor, target: Tensor, loss: str) -> Simulated:
     """A single attack's simulated update by plain autograd (no hooks, nothing factored)."""
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
-    total = row_losses(model(rows), target, loss).mean()
+    total = _loss_sum(model, model(rows), target, loss) / rows.shape[0]
     grads = torch.autograd.grad(total, [p for _, p in named], create_graph=True, allow_unused=True)
     dense = {
         k: (torch.zeros_like(p) if g is None else g).reshape(1, 1, 1, *p.shape)
@@ -342,8 +359,9 @@ def simulate(
     ``rows`` holds the ``H·N·M`` attacks' candidates, ``n`` consecutive rows
     per attack (``(H·N·M·n) × input``), ``target`` their labels (class
     indices or soft labels); ``lead`` is ``(H, N, M)``. An attack's loss is the
-    mean over its ``n`` rows, as a client's update is the gradient of its
-    batch's mean loss.
+    mean over its ``n`` rows of each row's loss plus its bottlenecks' β·KL, as
+    a client's update is the gradient of its batch's training loss
+    (:func:`leakagelib.gradients.client_loss`).
     """
     H, N, M = lead
     attacks = H * N * M
@@ -357,7 +375,7 @@ def simulate(
         return _one_attack(model, rows, target, loss)
     with _recording(layers) as calls:
         outputs = model(rows)
-    total = row_losses(outputs, target, loss).sum() / n
+    total = _loss_sum(model, outputs, target, loss) / n
     recorded = [(name, a, o) for name in layers for a, o in calls[name]]
     deltas = torch.autograd.grad(total, [o for _, _, o in recorded], create_graph=True)
     dense: dict[str, Tensor] = {}

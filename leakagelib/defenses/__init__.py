@@ -13,7 +13,7 @@ classes are re-exported here: ``from leakagelib.defenses import GaussianNoise``.
 from .ats import ATSAugmentation
 from .base import GradientDefense, NoDefense, UpdateMechanism
 from .bias_removal import BiasRemoval
-from .bottlenecks import CVB, PRECODE, TokenGrid, VariationalBottleneck, kl_loss
+from .bottlenecks import CVB, PRECODE, TokenGrid, VariationalBottleneck, kl_loss, kl_loss_rows
 from .compression import GradientCompression
 from .dpsgd import DPSGD, ClippedGaussian, epsilon_spent
 from .noise import GaussianNoise, LaplaceNoise, PruneNoise
@@ -42,6 +42,7 @@ __all__ = [
     "epsilon_spent",
     "insert_bottleneck",
     "kl_loss",
+    "kl_loss_rows",
     "layer_drop_attack",
     "layer_drop_likelihoods",
 ]

@@ -19,11 +19,14 @@ paper §III).
   ``2·k²·C·K + K·C`` do not depend on the feature map's height and width.
 
 These are the layers; :mod:`leakagelib.defenses.surgery` inserts them into a
-zoo model. :func:`kl_loss` is the term training adds (:mod:`leakagelib.fl`
-does so). Unlike the gradient defenses of this package, a model defense
-changes the network, not the update: the client's update of a model with a
-bottleneck is shared as it is (``NoDefense``). Used by the chapters "Breaking
-heuristic defenses" and "Variational bottlenecks".
+zoo model. :func:`kl_loss` is the term the training loss adds; the client's
+update is that loss's gradient (:func:`leakagelib.gradients.client_loss`,
+used by training, the shared update and the attacks' simulated one alike).
+Unlike the gradient defenses of this package, a model defense changes the
+network, not the update: the client's update of a model with a bottleneck is
+shared as it is (``NoDefense``). Used by the chapters "Breaking heuristic
+defenses", "Variational bottlenecks" and "CVB against attacks and
+architectures".
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "adaptive_size",
     "bottlenecks",
     "kl_loss",
+    "kl_loss_rows",
 ]
 
 
@@ -60,22 +64,21 @@ def adaptive_size(channels: int) -> int:
 
 
 class VariationalBottleneck(nn.Module):
-    """Base of the bottlenecks: remembers the last KL term and counts its parameters.
+    """Base of the bottlenecks: remembers the last KL terms and counts its parameters.
 
-    Subclasses set ``self.last_kl`` (the un-weighted KL divergence of the last
-    forward pass, a scalar) and implement ``forward``. ``kl_term()`` is
+    Subclasses set ``self.last_kl_rows`` (the un-weighted KL divergence of
+    each row of the last forward pass, a vector) and implement ``forward``.
+    ``last_kl`` is their mean over the batch and ``kl_term()`` is
     ``β·last_kl``, the quantity :func:`kl_loss` adds to the training loss.
     Every row of a batch is encoded, sampled with its own noise and decoded
-    on its own (:attr:`rows_independent`), so the attacks' hooked engine
-    (:mod:`leakagelib.attacks.per_attack`) can batch attacks through it.
+    on its own, and its KL term is its own (:attr:`rows_independent`), so the
+    attacks' hooked engine (:mod:`leakagelib.attacks.per_attack`) can batch
+    attacks through it, each attack's loss taking the KL terms of its own rows.
     """
 
     beta: float
-    last_kl: Tensor | None
-    #: Each output row depends on its own input row and its own noise only (the KL term, which
-    #: averages over the batch, is not part of the update this library's client shares; the CVB
-    #: authors' code shares the training loss's gradient, KL term included: see
-    #: :func:`leakagelib.experiments.cvb_hyperparams.fig9_hyperparams`).
+    last_kl_rows: Tensor | None
+    #: Each output row and each row's KL term depend on that row's input and noise only.
     rows_independent = True
 
     def __init__(self, beta: float) -> None:
@@ -83,7 +86,12 @@ class VariationalBottleneck(nn.Module):
         if not beta >= 0:
             raise ValueError(f"beta must be non-negative, got {beta}")
         self.beta = float(beta)
-        self.last_kl = None
+        self.last_kl_rows = None
+
+    @property
+    def last_kl(self) -> Tensor | None:
+        """The un-weighted KL term of the last forward pass: its rows' mean (``None`` before one)."""
+        return None if self.last_kl_rows is None else self.last_kl_rows.mean()
 
     @property
     def added_parameters(self) -> int:
@@ -91,10 +99,14 @@ class VariationalBottleneck(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def kl_term(self) -> Tensor:
-        """``β · KL`` of the last forward pass; raises if there was none."""
-        if self.last_kl is None:
+        """``β · KL`` of the last forward pass, averaged over its rows; raises if there was none."""
+        return self.kl_rows().mean()
+
+    def kl_rows(self) -> Tensor:
+        """``β · KL`` of each row of the last forward pass; raises if there was none."""
+        if self.last_kl_rows is None:
             raise RuntimeError(f"{type(self).__name__} has not run a forward pass yet")
-        return self.beta * self.last_kl
+        return self.beta * self.last_kl_rows
 
     def decoder_parameter_names(self) -> list[str]:
         """Names (relative to this module) of the decoder's parameters — the first stochastic ones."""
@@ -145,7 +157,7 @@ class PRECODE(VariationalBottleneck):
         std = F.softplus(raw)
         sample = mu + std * torch.randn_like(std)
         kl = 0.5 * (mu.pow(2) + std.pow(2) - 1.0 - 2.0 * std.clamp_min(1e-12).log())
-        self.last_kl = kl.sum(dim=1).mean() / math.log(2.0)
+        self.last_kl_rows = kl.sum(dim=1) / math.log(2.0)
         return self.decoder(sample).reshape(x.shape)
 
     def extra_repr(self) -> str:
@@ -175,8 +187,10 @@ class CVB(VariationalBottleneck):
     term the authors' code evaluates, ``−½ Σ (1 + σ − μ² − e^σ)``, i.e. the
     closed form with the softplus output in the place of the log-variance
     (non-negative too, but minimal at σ → 0 rather than σ = 1); use it to match
-    their training runs. Both are summed over channels and averaged over batch
-    and positions, as in the authors' code.
+    their training runs and their shared updates, which are the training loss's
+    gradients (the CVB chapters' experiments do:
+    :data:`leakagelib.experiments.cvb_common.CVB_DEFAULT`). Both are summed over
+    channels and averaged over positions and batch, as in the authors' code.
     """
 
     def __init__(
@@ -227,7 +241,7 @@ class CVB(VariationalBottleneck):
             kl = 0.5 * (mu.pow(2) + std.pow(2) - 1.0 - 2.0 * std.clamp_min(1e-12).log())
         else:
             kl = -0.5 * (1.0 + std - mu.pow(2) - std.exp())
-        self.last_kl = kl.sum(dim=1).mean()
+        self.last_kl_rows = kl.sum(dim=1).flatten(1).mean(1)
         return self.decoder(sample)
 
     def extra_repr(self) -> str:
@@ -291,11 +305,24 @@ def bottlenecks(model: nn.Module) -> list[tuple[str, VariationalBottleneck]]:
 def kl_loss(model: nn.Module) -> Tensor:
     """The sum of ``β · KL`` over the model's bottlenecks after a forward pass (0 without any).
 
-    Training adds it to the cross-entropy (CVB paper Eq. 3); :mod:`leakagelib.fl`
-    does so automatically.
+    The training loss adds it to the cross-entropy (CVB paper Eq. 3), and the
+    client's update is that loss's gradient
+    (:func:`leakagelib.gradients.client_loss`).
     """
     terms = [m.kl_term() for _, m in bottlenecks(model)]
     if not terms:
         p = next(model.parameters(), None)
         return torch.zeros((), device=p.device if p is not None else None)
     return torch.stack(terms).sum()
+
+
+def kl_loss_rows(model: nn.Module) -> Tensor | None:
+    """Each row's ``β · KL``, summed over the model's bottlenecks after a forward pass.
+
+    ``None`` for a model without bottlenecks. Its mean over the rows is
+    :func:`kl_loss`; the attacks' hooked engine
+    (:mod:`leakagelib.attacks.per_attack`) gives each attack the mean over its
+    own rows, as each client's training loss holds its own batch's KL term.
+    """
+    terms = [m.kl_rows() for _, m in bottlenecks(model)]
+    return torch.stack(terms).sum(0) if terms else None

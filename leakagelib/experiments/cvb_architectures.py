@@ -51,7 +51,8 @@ def architecture(name: str, cvb: bool, settings: Settings, *, seed: int) -> nn.M
 
     CVB after the ResNet's first residual stage (k = 5, β = 5e-5) and after
     the ViT's first block on tokens viewed as 16×16 grids (k = 3, β = 0.1),
-    values from the authors' configs; sizes from ``settings``.
+    values from the authors' configs, with their KL form (``kl="reference"``,
+    as :data:`~.cvb_common.CVB_DEFAULT`); sizes from ``settings``.
     """
     torch.manual_seed(seed)
     if name == "cnn":
@@ -60,10 +61,22 @@ def architecture(name: str, cvb: bool, settings: Settings, *, seed: int) -> nn.M
         model = models.build(
             "resnet18", in_shape=SHAPE, num_classes=10, width=settings.resnet_width
         )
-        spec = {"kind": "cvb", "position": "layer1", "kernel_size": 5, "beta": 5e-5}
+        spec = {
+            "kind": "cvb",
+            "position": "layer1",
+            "kernel_size": 5,
+            "beta": 5e-5,
+            "kl": "reference",
+        }
     else:
         model = models.build("vit-small", in_shape=SHAPE, num_classes=10, **settings.vit)
-        spec = {"kind": "cvb", "position": "block1", "kernel_size": 3, "beta": 0.1}
+        spec = {
+            "kind": "cvb",
+            "position": "block1",
+            "kernel_size": 3,
+            "beta": 0.1,
+            "kl": "reference",
+        }
     return apply_bottleneck_option(model, spec if cvb else None, SHAPE)
 
 
