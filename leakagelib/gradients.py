@@ -35,7 +35,15 @@ from .validation import require_count, require_number
 Update = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
+#: What a client's update is (:func:`client_update`), as every record's provenance states it
+#: (:func:`leakagelib.records.provenance`); records made before the β·KL term entered the
+#: update (2026-11-27) lack the key, so a chapter can tell which update a record attacked.
+CLIENT_UPDATE = (
+    "the training loss's gradient: the task loss plus β·KL of any variational bottleneck"
+)
+
 __all__ = [
+    "CLIENT_UPDATE",
     "Update",
     "check_batch",
     "check_update",

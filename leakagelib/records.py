@@ -46,7 +46,8 @@ def _device_name(device: str) -> str:
 
 
 def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]:
-    """Where and how a record was made: commit, versions, device, seed, wall time.
+    """Where and how a record was made: commit, versions, device, seed, wall time, and what
+    the attacked update is (:data:`leakagelib.gradients.CLIENT_UPDATE`).
 
     The commit is :data:`IMPORTED_COMMIT`, the one whose code ran, not the one checked out when
     the record is written (a paper-scale run can outlast several commits).
@@ -55,6 +56,7 @@ def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]
     import torch
 
     from . import __version__
+    from .gradients import CLIENT_UPDATE
 
     return {
         "commit": IMPORTED_COMMIT,
@@ -66,6 +68,7 @@ def provenance(*, seed: int, device: str, wall_seconds: float) -> dict[str, Any]
         "device_name": _device_name(device),
         "seed": seed,
         "wall_seconds": round(wall_seconds, 3),
+        "client_update": CLIENT_UPDATE,
     }
 
 
