@@ -112,6 +112,21 @@ def made_by(prov: dict[str, Any]) -> list[str]:
     return [str(c) for c in found if c]
 
 
+def predates_kl_update(record: dict[str, Any] | None) -> bool:
+    """Whether a finished record was made before the client's update held β·KL (2026-11-27).
+
+    Such a record's provenance lacks ``client_update``
+    (:data:`leakagelib.gradients.CLIENT_UPDATE`): its attacks read the
+    cross-entropy's gradient alone, which differs from today's update only
+    for a model with a variational bottleneck. ``False`` for no record or a
+    pending one (whose rows come without provenance). The chapters
+    "Variational bottlenecks" and "CVB against attacks and architectures" say
+    so beside such a record.
+    """
+    prov = (record or {}).get("provenance")
+    return prov is not None and "client_update" not in prov
+
+
 def _jsonable(value: Any) -> Any:
     """Turn tensors, numpy scalars and non-finite floats into plain JSON values."""
     if isinstance(value, dict):

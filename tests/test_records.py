@@ -165,3 +165,14 @@ def test_a_resumed_records_run_time_counts_every_unit_and_names_their_commits():
     assert records.made_by(resumed) == ["b" * 40, "c" * 40]
     assert math.isnan(records.run_seconds({}))
     assert records.made_by({}) == []
+
+
+def test_a_record_without_client_update_in_its_provenance_predates_the_kl_update():
+    from leakagelib.records import predates_kl_update, provenance
+
+    now = {"rows": [], "provenance": provenance(seed=0, device="cpu", wall_seconds=1.0)}
+    assert not predates_kl_update(now)
+    old = {"rows": [], "provenance": {k: v for k, v in now["provenance"].items()
+                                      if k != "client_update"}}  # fmt: skip
+    assert predates_kl_update(old)
+    assert not predates_kl_update(None) and not predates_kl_update({"rows": []})  # pending

@@ -167,23 +167,21 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     at position 3 its attack is stronger (as Tables I and II are with PRECODE
     there: :func:`~.cvb_precode.table1_ignore`), and its SSIM barely moves
     with the scale, where the paper's rises from 0.10 to 0.44 (Table VIII).
-    One difference from the authors' code is known and not yet modelled or
-    measured here: their client's gradient, and the attacker's simulated one,
-    are those of the training loss, cross-entropy plus β·KL
-    (``src/attacks.py``: ``get_gradient`` differentiates
-    ``get_loss_function(config.training.loss, ...)``; ``src/loss.py``:
-    ``VBLoss`` adds ``model.loss()``; ``configs/models/CNNCVB.yaml``: training
-    loss ``VBLoss``, β = 0.1; ``src/models/modules.py``: ``VBModule.loss``
-    sums the CVBs' β-weighted KL in its log-variance form, the ``kl="reference"``
-    of :class:`~leakagelib.defenses.CVB`). This library's update is the
-    cross-entropy's alone (``build_case``'s default loss), so β never reaches
-    the attacker here. The KL term depends on the input through the encoders
-    without passing through the noise. A first probe outside the library
-    (plain autograd, CVB at position 1 with the reference KL and β = 0.1, one
-    CIFAR-10 image per attack, 1,000 signed-Adam steps of lr 0.1 on the cosine
-    with TV 0.1, 6 images, seed 0; 2026-11-27) found it changes little: mean
-    SSIM 0.20 → 0.22 at scale 0.125 and 0.25 → 0.27 at scale 4 with β·KL in
-    both gradients, so it does not make the paper's rise with the scale.
+    The client's update, and the attacker's simulated one, are those of the
+    training loss, cross-entropy plus β·KL, as in the authors' code
+    (:func:`leakagelib.gradients.client_loss` cites the files), with the KL
+    in their log-variance form (``kl="reference"`` in
+    :data:`~.cvb_common.CVB_DEFAULT`). Records made before 2026-11-27 lack
+    ``client_update`` in their provenance: their updates held the
+    cross-entropy's gradient alone and their CVBs the exact Gaussian KL. The
+    KL term depends on the input through the encoders without passing
+    through the noise. A first probe outside the library, before it modelled
+    the term (plain autograd, CVB at position 1 with the reference KL and
+    β = 0.1, one CIFAR-10 image per attack, 1,000 signed-Adam steps of lr 0.1
+    on the cosine with TV 0.1, 6 images, seed 0; 2026-11-27), found it
+    changes little: mean SSIM 0.20 → 0.22 at scale 0.125 and 0.25 → 0.27 at
+    scale 4 with β·KL in both gradients, so it does not make the paper's
+    rise with the scale.
     """
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)

@@ -143,10 +143,14 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
     * the network's weight draw: none of those draws comes near the paper's
       85.9 %, 7.8 % and 0.78 %;
     * the KL term: PRECODE's authors add β·KL to the victim's loss
-      (dAI-SY-Group/PRECODE, ``src/attack.py``, ``get_gradient``), which the
-      attacker's simulated update lacks; at PRECODE's β = 1e-3 it changed
-      nothing (position 1, seeds 0 and 1: SSIM 0.52 and 0.70, against 0.51 and
-      0.70 without it).
+      (dAI-SY-Group/PRECODE, ``src/attack.py``, ``get_gradient``); added to
+      the victim's update alone, at PRECODE's β = 1e-3, it changed nothing
+      (position 1, seeds 0 and 1: SSIM 0.52 and 0.70, against 0.51 and 0.70
+      without it). Since 2026-11-27 this library's update, the client's and
+      the attacker's simulated one, holds it
+      (:func:`leakagelib.gradients.client_loss`); the Table I and II records
+      were made before (no ``client_update`` in their provenance), on the
+      cross-entropy's gradient alone.
 
     The attack loop, the TV weight and its convention, the SSIM and the
     success threshold follow the authors' code (:mod:`.cvb_common`). Their
