@@ -29,7 +29,7 @@ from leakagelib.attacks import (
 )
 from leakagelib.attacks.objective import batched_objective
 from leakagelib.attacks.per_attack import row_losses, unsupported_reason
-from leakagelib.gradients import loss_function, per_sample_updates
+from leakagelib.gradients import client_update, loss_function, per_sample_updates, stack_updates
 from leakagelib.models import build
 
 
@@ -215,6 +215,10 @@ def test_conv_weight_gradients_equal_each_attacks_own_gradient(channels, size, s
     assert ga.abs().sum() > 0 and gd.abs().sum() > 0
 
 
+#: CVB at position 1 with the authors' KL form (the CVB experiments' update holds its β·KL).
+CVB_KL = {"kind": "cvb", "position": 1, "kl": "reference"}
+
+
 def _bottleneck_case(spec: dict | None, n_updates: int = 2):
     from leakagelib.experiments.cvb_common import cnn
 
@@ -258,3 +262,20 @@ def test_each_attack_draws_its_own_bottleneck_noise():
         patch.setattr(torch, "randn_like", torch.zeros_like)
         _, _, value = f(x, z, d)
     assert value[0, 0] == value[0, 1]
+
+
+def test_engines_agree_through_a_bottleneck_on_restarts_samples_and_two_images(monkeypatch):
+    """Each attack's loss holds the β·KL of its own rows (several rows per attack, several
+    attacks per update): the hooked route's per-row sum agrees with vmap's per-attack mean."""
+    model, _, _ = _bottleneck_case({**CVB_KL, "beta": 1.0})
+    monkeypatch.setattr(torch, "randn_like", torch.zeros_like)
+    x = torch.rand(2, 2, *model[0].in_shape)
+    labels = torch.tensor([[0, 1], [2, 3]])
+    observed = stack_updates(
+        [client_update(model, xi, yi) for xi, yi in zip(x, labels, strict=True)]
+    )
+    cfg = AttackConfig(steps=1, restarts=2, mc_samples=2, delta=0.1)
+    settings = [Setting(0.1, 1.0, 0.5)]
+    a, b = _both(model, observed, labels, settings, Gaussian(0.1), TotalVariation(), cfg,
+                 n=2, restarts=2, k=2)  # fmt: skip
+    _close(a, b)
