@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from .defenses.base import GradientDefense, NoDefense
-from .gradients import check_batch, client_loss
+from .gradients import check_batch
+from .losses import client_loss
 from .validation import require_count, require_number
 
 __all__ = ["TrainResult", "accuracy", "evaluate", "train", "training_loss"]

@@ -29,7 +29,8 @@ from leakagelib.attacks import (
 )
 from leakagelib.attacks.objective import batched_objective
 from leakagelib.attacks.per_attack import row_losses, unsupported_reason
-from leakagelib.gradients import client_update, loss_function, per_sample_updates, stack_updates
+from leakagelib.gradients import client_update, per_sample_updates, stack_updates
+from leakagelib.losses import loss_function
 from leakagelib.models import build
 
 

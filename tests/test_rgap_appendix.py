@@ -17,7 +17,8 @@ from torch import nn
 from leakagelib import experiments, models
 from leakagelib.data import load
 from leakagelib.experiments.rgap_batch_noise import wider_gap
-from leakagelib.gradients import client_update, loss_function, stack_updates
+from leakagelib.gradients import client_update, stack_updates
+from leakagelib.losses import loss_function
 from leakagelib.models.rgap_nets import skip_net
 from leakagelib.rgap import dlg_logistic, rank_analysis, rgap
 from leakagelib.rgap.losses import MARGIN_LOSSES, margin_loss, margin_starts

@@ -99,7 +99,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
 def row_losses(outputs: Tensor, target: Tensor, loss: str) -> Tensor:
     """Each row's loss: cross-entropy against class indices or soft labels, or R-GAP's logistic loss.
 
-    The per-row form of :func:`leakagelib.gradients.loss_function` (which
+    The per-row form of :func:`leakagelib.losses.loss_function` (which
     averages them), so that an attack's loss is the mean over its own rows.
     """
     if loss == "ce":
@@ -116,7 +116,7 @@ def _loss_sum(model: nn.Module, outputs: Tensor, target: Tensor, loss: str) -> T
 
     The KL terms are those of the model's variational bottlenecks on the
     forward pass that gave ``outputs`` — the per-row form of
-    :func:`leakagelib.gradients.client_loss`, so that each attack's
+    :func:`leakagelib.losses.client_loss`, so that each attack's
     simulated update, like the client's, is its training loss's gradient.
     """
     # imported here, not at the top: the defenses package imports this one
@@ -361,7 +361,7 @@ def simulate(
     indices or soft labels); ``lead`` is ``(H, N, M)``. An attack's loss is the
     mean over its ``n`` rows of each row's loss plus its bottlenecks' β·KL, as
     a client's update is the gradient of its batch's training loss
-    (:func:`leakagelib.gradients.client_loss`).
+    (:func:`leakagelib.losses.client_loss`).
     """
     H, N, M = lead
     attacks = H * N * M

@@ -20,7 +20,7 @@ paper §III).
 
 These are the layers; :mod:`leakagelib.defenses.surgery` inserts them into a
 zoo model. :func:`kl_loss` is the term the training loss adds; the client's
-update is that loss's gradient (:func:`leakagelib.gradients.client_loss`,
+update is that loss's gradient (:func:`leakagelib.losses.client_loss`,
 used by training, the shared update and the attacks' simulated one alike).
 Unlike the gradient defenses of this package, a model defense changes the
 network, not the update: the client's update of a model with a bottleneck is
@@ -307,7 +307,7 @@ def kl_loss(model: nn.Module) -> Tensor:
 
     The training loss adds it to the cross-entropy (CVB paper Eq. 3), and the
     client's update is that loss's gradient
-    (:func:`leakagelib.gradients.client_loss`).
+    (:func:`leakagelib.losses.client_loss`).
     """
     terms = [m.kl_term() for _, m in bottlenecks(model)]
     if not terms:

@@ -34,7 +34,7 @@ __all__ = ["CLAIMS", "CONFIDENCE", "MIN_DROP", "entry_motion", "ssim_gains"]
 
 #: Claim → (the SSIMs that must be higher, the SSIMs they are compared with), per image.
 #: Not claimed: that CVB at position 3 lowers the SSIM below the undefended CNN's. Since the
-#: update holds β·KL (:func:`leakagelib.gradients.client_loss`), the ignore attack there also
+#: update holds β·KL (:func:`leakagelib.losses.client_loss`), the ignore attack there also
 #: reads the KL term's noise-free gradients of all three convolutions; at ci the mean drop was
 #: 0.19, 0.16 and 0.16 on seeds 0–2 and its paired interval over 4 images included 0 on seed 1
 #: (2026-11-27). The chapter glues that interval instead.

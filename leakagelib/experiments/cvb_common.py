@@ -106,7 +106,7 @@ ATTACKS = ("idlg", "cpl", "inverting-gradients")
 #: The CVB chosen in §VI-A: position 1, kernel 5, scale 0.5 (the default K = C/2), β = 0.1,
 #: with the KL term in the log-variance form the authors' code evaluates (``kl="reference"``:
 #: ``src/models/modules.py``, ``VBModule.loss``), which their training loss and their shared
-#: and simulated updates hold (:func:`leakagelib.gradients.client_loss`).
+#: and simulated updates hold (:func:`leakagelib.losses.client_loss`).
 CVB_DEFAULT = {"kind": "cvb", "position": 1, "kernel_size": 5, "beta": 0.1, "kl": "reference"}
 #: Table II's PRECODE: K = C/2 and no biases (which reproduces the table's parameter counts).
 PRECODE_TABLE2 = {"kind": "precode", "K": "adaptive", "bias": False}

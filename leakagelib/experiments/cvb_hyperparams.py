@@ -169,7 +169,7 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     with the scale, where the paper's rises from 0.10 to 0.44 (Table VIII).
     The client's update, and the attacker's simulated one, are those of the
     training loss, cross-entropy plus β·KL, as in the authors' code
-    (:func:`leakagelib.gradients.client_loss` cites the files), with the KL
+    (:func:`leakagelib.losses.client_loss` cites the files), with the KL
     in their log-variance form (``kl="reference"`` in
     :data:`~.cvb_common.CVB_DEFAULT`). Records made before 2026-11-27 lack
     ``client_update`` in their provenance: their updates held the

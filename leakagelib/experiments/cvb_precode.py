@@ -148,7 +148,7 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
       (position 1, seeds 0 and 1: SSIM 0.52 and 0.70, against 0.51 and 0.70
       without it). Since 2026-11-27 this library's update, the client's and
       the attacker's simulated one, holds it
-      (:func:`leakagelib.gradients.client_loss`); the Table I and II records
+      (:func:`leakagelib.losses.client_loss`); the Table I and II records
       were made before (no ``client_update`` in their provenance), on the
       cross-entropy's gradient alone.
 

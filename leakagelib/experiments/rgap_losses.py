@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..data import Normalizer
-from ..gradients import MARGIN_LOSSES
+from ..losses import MARGIN_LOSSES
 from ..rgap import rgap
 from ..rgap.losses import margin_loss
 from .case import build_case

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import expit, lambertw
 
-from ..gradients import MARGIN_LOSSES
+from ..losses import MARGIN_LOSSES
 from .mu import C_MIN, MU_STAR, mu_roots
 
 __all__ = ["MARGIN_LOSSES", "MarginLoss", "margin_loss", "margin_starts"]

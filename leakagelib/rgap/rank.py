@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from ..defenses.bottlenecks import VariationalBottleneck
-from ..gradients import loss_function
+from ..losses import loss_function
 from ..models.resnet import BasicBlock
 from ..models.resnet101 import Bottleneck
 from ..models.rgap_nets import SkipBlock
