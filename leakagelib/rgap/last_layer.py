@@ -28,8 +28,8 @@ from .mu import mu_roots
 
 __all__ = ["LOSSES", "Start", "ce_last_layer", "logistic_starts", "margin", "signed_label"]
 
-#: The losses R-GAP's step 1 knows: the margin losses of Figure 1 (:mod:`.losses`) and
-#: cross-entropy.
+#: The losses R-GAP's step 1 knows: the margin losses of Figure 1
+#: (:mod:`leakagelib.rgap.losses`) and cross-entropy.
 LOSSES = (*MARGIN_LOSSES, "ce")
 
 #: One way the recursion can start: (μ, z_d, k_d).

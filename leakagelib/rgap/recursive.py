@@ -330,9 +330,9 @@ def rgap(
 ) -> AttackResult:
     """R-GAP on every single-image update of the stacked ``updates`` (leading dimension N).
 
-    ``loss`` is "logistic" (the paper's binary setting, one logit; "exponential", "hinge":
-    Figure 1's, :mod:`.losses`) or "ce" (K ≥ 2 outputs); by default it is "logistic" for
-    one output and "ce" otherwise. ``labels`` holds one label per update: for
+    ``loss`` is "logistic" (the paper's binary setting, one logit; "exponential",
+    "hinge": Figure 1's, :mod:`leakagelib.rgap.losses`) or "ce" (K ≥ 2 outputs);
+    by default it is "logistic" for one output and "ce" otherwise. ``labels`` holds one label per update: for
     the logistic loss y ∈ {-1, +1} (R-GAP assumes it known or read off the
     gradient's sign, §3.1.1); for cross-entropy the class index, or
     ``labels=None`` to recover each from its update's last layer (see
