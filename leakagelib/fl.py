@@ -52,7 +52,7 @@ def _snapshot(model: nn.Module) -> State:
 def training_loss(model: nn.Module, images: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy plus the β-weighted KL terms of the model's bottlenecks (CVB Eq. 3).
 
-    :func:`leakagelib.gradients.client_loss` of the model's outputs on ``images``:
+    :func:`leakagelib.losses.client_loss` of the model's outputs on ``images``:
     the loss whose gradient a client also shares as its update.
     """
     return client_loss(model, model(images), labels)
