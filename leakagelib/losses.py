@@ -90,9 +90,11 @@ def client_loss(model: nn.Module, outputs: Tensor, labels: Tensor, *, loss: str 
     with ``config.training.loss``, ``VBLoss`` in ``configs/models/CNNCVB.yaml``):
     the paper's victim update is "a single training step". Training
     (:mod:`leakagelib.fl`), the client's update and the attacks' simulated one
-    (:mod:`leakagelib.attacks.per_attack`, :func:`functional_gradient`) all use it.
+    (:mod:`leakagelib.attacks.per_attack`,
+    :func:`leakagelib.gradients.functional_gradient`) all use it.
     """
-    # imported here, not at the top: the defenses package imports this module
+    # imported here, not at the top: the defenses package imports this module (through
+    # leakagelib.gradients)
     from .defenses.bottlenecks import kl_loss
 
     return loss_function(loss)(outputs, labels) + kl_loss(model)

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 from leakagelib import gradients as G
+from leakagelib.defenses.bottlenecks import CVB
+from leakagelib.defenses.surgery import insert_bottleneck
 from leakagelib.losses import loss_function
 
 
@@ -240,9 +242,6 @@ def test_check_update_rejects_non_finite_entries_and_checks_stacked_updates():
 
 
 def _cvb_net(beta: float) -> nn.Module:
-    from leakagelib.defenses.bottlenecks import CVB
-    from leakagelib.defenses.surgery import insert_bottleneck
-
     torch.manual_seed(0)
     conv = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
                          nn.Linear(256, 10))  # fmt: skip
@@ -250,7 +249,7 @@ def _cvb_net(beta: float) -> nn.Module:
 
 
 @pytest.mark.parametrize("route", ["client_update", "functional_gradient", "per_sample"])
-def test_the_update_of_a_bottleneck_model_is_the_training_losss_gradient(route, monkeypatch):
+def test_the_update_of_a_bottleneck_model_is_the_gradient_of_its_training_loss(route, monkeypatch):
     """Cross-entropy plus β·KL (the CVB authors' shared update): β reaches the encoders and
     every layer before the bottleneck, not the decoder and the layers after it."""
     monkeypatch.setattr(torch, "randn_like", torch.zeros_like)  # the same noise for both β
