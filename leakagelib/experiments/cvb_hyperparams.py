@@ -180,8 +180,13 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     β = 0.1, one CIFAR-10 image per attack, 1,000 signed-Adam steps of lr 0.1
     on the cosine with TV 0.1, 6 images, seed 0; 2026-11-27), found it
     changes little: mean SSIM 0.20 → 0.22 at scale 0.125 and 0.25 → 0.27 at
-    scale 4 with β·KL in both gradients, so it does not make the paper's
-    rise with the scale.
+    scale 4 with β·KL in both gradients. The paper-scale re-record with the
+    term (under way, 2026-11-27: ``results/cvb-fig9-hyperparams.json.partial``)
+    says otherwise: its SSIM rises with the scale, 0.21, 0.24, 0.26, 0.31 and
+    0.32 for s = 0.125, 0.25, 0.5, 1 and 2 (ASR 9 % at s = 2), where the record
+    without it had 0.20–0.24. So the probe's short attack understated the term,
+    and part of the paper's rise comes from the KL gradient of the encoders,
+    which grows with K.
     """
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)
