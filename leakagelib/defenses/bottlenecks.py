@@ -68,8 +68,9 @@ class VariationalBottleneck(nn.Module):
 
     Subclasses set ``self.last_kl_rows`` (the un-weighted KL divergence of
     each row of the last forward pass, a vector) and implement ``forward``.
-    ``last_kl`` is their mean over the batch and ``kl_term()`` is
-    ``β·last_kl``, the quantity :func:`kl_loss` adds to the training loss.
+    ``last_kl`` is their mean over the batch and ``kl_rows()`` is
+    ``β·last_kl_rows``, from which :func:`kl_loss` and :func:`kl_loss_rows`
+    take the term the training loss adds.
     Every row of a batch is encoded, sampled with its own noise and decoded
     on its own, and its KL term is its own (:attr:`rows_independent`), so the
     attacks' hooked engine (:mod:`leakagelib.attacks.per_attack`) can batch
@@ -97,10 +98,6 @@ class VariationalBottleneck(nn.Module):
     def added_parameters(self) -> int:
         """The number of trainable parameters this module adds to the model."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
-
-    def kl_term(self) -> Tensor:
-        """``β · KL`` of the last forward pass, averaged over its rows; raises if there was none."""
-        return self.kl_rows().mean()
 
     def kl_rows(self) -> Tensor:
         """``β · KL`` of each row of the last forward pass; raises if there was none."""
@@ -309,18 +306,18 @@ def kl_loss(model: nn.Module) -> Tensor:
     client's update is that loss's gradient
     (:func:`leakagelib.losses.client_loss`).
     """
-    terms = [m.kl_term() for _, m in bottlenecks(model)]
-    if not terms:
+    rows = kl_loss_rows(model)
+    if rows is None:
         p = next(model.parameters(), None)
         return torch.zeros((), device=p.device if p is not None else None)
-    return torch.stack(terms).sum()
+    return rows.mean()
 
 
 def kl_loss_rows(model: nn.Module) -> Tensor | None:
     """Each row's ``β · KL``, summed over the model's bottlenecks after a forward pass.
 
     ``None`` for a model without bottlenecks. Its mean over the rows is
-    :func:`kl_loss`; the attacks' hooked engine
+    :func:`kl_loss` (every bottleneck sees every row); the attacks' hooked engine
     (:mod:`leakagelib.attacks.per_attack`) gives each attack the mean over its
     own rows, as each client's training loss holds its own batch's KL term.
     """
