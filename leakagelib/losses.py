@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
-__all__ = ["MARGIN_LOSSES", "LossFn", "client_loss", "loss_function"]
+__all__ = ["MARGIN_LOSSES", "LossFn", "client_loss", "kl_rows", "loss_function"]
 
 
 def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -84,17 +84,29 @@ def client_loss(model: nn.Module, outputs: Tensor, labels: Tensor, *, loss: str 
 
     The mean ``loss`` of ``outputs`` (the model's forward pass just run) plus
     ``β·KL`` of every variational bottleneck that pass went through (CVB paper
-    Eq. 3; :func:`leakagelib.defenses.bottlenecks.kl_loss`, zero for a model
-    without one). The CVB authors' code shares this gradient, and simulates it
-    in the attack, for their CVB models (``src/attacks.py``, ``get_gradient``
-    with ``config.training.loss``, ``VBLoss`` in ``configs/models/CNNCVB.yaml``):
+    Eq. 3; the mean of :func:`kl_rows`, nothing for a model without one). The
+    CVB authors' code shares this gradient, and simulates it in the attack,
+    for their CVB models (``src/attacks.py``, ``get_gradient`` with
+    ``config.training.loss``, ``VBLoss`` in ``configs/models/CNNCVB.yaml``):
     the paper's victim update is "a single training step". Training
     (:mod:`leakagelib.fl`), the client's update and the attacks' simulated one
     (:mod:`leakagelib.attacks.per_attack`,
     :func:`leakagelib.gradients.functional_gradient`) all use it.
     """
+    kl = kl_rows(model)
+    task = loss_function(loss)(outputs, labels)
+    return task if kl is None else task + kl.mean()
+
+
+def kl_rows(model: nn.Module) -> Tensor | None:
+    """Each row's ``β·KL`` on the model's last forward pass, the term :func:`client_loss` adds
+    (``None`` for a model without a variational bottleneck).
+
+    :func:`leakagelib.defenses.bottlenecks.kl_loss_rows`; the attacks' hooked engine
+    (:mod:`leakagelib.attacks.per_attack`) adds it to each row's loss.
+    """
     # imported here, not at the top: the defenses package imports this module (through
     # leakagelib.gradients)
-    from .defenses.bottlenecks import kl_loss
+    from .defenses.bottlenecks import kl_loss_rows
 
-    return loss_function(loss)(outputs, labels) + kl_loss(model)
+    return kl_loss_rows(model)

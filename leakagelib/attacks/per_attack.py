@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..losses import kl_rows
 from ..models.resnet import BasicBlock
 from ..models.staging import InputCheck
 
@@ -119,11 +120,8 @@ def _loss_sum(model: nn.Module, outputs: Tensor, target: Tensor, loss: str) -> T
     :func:`leakagelib.losses.client_loss`, so that each attack's
     simulated update, like the client's, is its training loss's gradient.
     """
-    # imported here, not at the top: the defenses package imports this one
-    from ..defenses.bottlenecks import kl_loss_rows
-
     per_row = row_losses(outputs, target, loss)
-    kl = kl_loss_rows(model)
+    kl = kl_rows(model)
     return (per_row if kl is None else per_row + kl).sum()
 
 
