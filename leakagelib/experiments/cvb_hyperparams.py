@@ -183,8 +183,9 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     scale 4 with β·KL in both gradients. The paper-scale re-record with the
     term (under way, 2026-11-27: ``results/cvb-fig9-hyperparams.json.partial``)
     says otherwise: its SSIM rises with the scale, 0.21, 0.24, 0.26, 0.31 and
-    0.32 for s = 0.125, 0.25, 0.5, 1 and 2 (ASR 9 % at s = 2), where the record
-    without it had 0.20–0.24. So the probe's short attack understated the term,
+    0.32 for s = 0.125, 0.25, 0.5, 1 and 2 (ASR 9 % at s = 2), and stays there at
+    s = 4 (0.31), where the record without it had 0.20–0.26 and the paper rises
+    to 0.44. So the probe's short attack understated the term,
     and part of the paper's rise comes from the KL gradient of the encoders,
     which grows with K.
     """
