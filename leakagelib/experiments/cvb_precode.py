@@ -216,14 +216,16 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
     Victims: client 0's training images (named in the record's ``data``).
     Data: ``cifar10``. One unit per position.
 
-    Where the record (32 victims, ``--set victims=32``) parts from the paper:
-    at position 1 its ignore attack reaches SSIM 0.66 and ASR 88 %, where the
-    paper's reaches ASR 0.78 %. The leak is PRECODE's encoder, a fully
-    connected layer on conv1's output whose weight gradient holds that output
-    up to a factor per row (the first-layer leak of an MLP, one layer in).
-    Measured on 8 victims with 2,000 IG steps, seed 0: the ignore attack
-    reaches SSIM 0.62 (ASR 75 %); without the encoder's gradient, 0.14 (ASR
-    0). The paper's ignore attack reads the encoder too (§III-B, Eq. 4: only
+    Where the record (32 victims, ``--set victims=32``; 2026-11-27, with
+    PRECODE's β·KL in the update, 16 min) parts from the paper: at position
+    1 its ignore attack reaches SSIM 0.48 and ASR 53 %, where the paper's
+    reaches ASR 0.78 % (the earlier record, on the cross-entropy's gradient
+    alone: 0.66 and 88 %). The leak is PRECODE's encoder, a fully connected
+    layer on conv1's output whose weight gradient holds that output up to a
+    factor per row (the first-layer leak of an MLP, one layer in). Measured
+    before the update held the term, on 8 victims with 2,000 IG steps, seed
+    0: the ignore attack reaches SSIM 0.62 (ASR 75 %); without the encoder's
+    gradient, 0.14 (ASR 0). The paper's ignore attack reads the encoder too (§III-B, Eq. 4: only
     the decoder and later layers are left out), so this does not explain its
     number; the authors' code has no PRECODE configuration to compare with.
     Their victims and other weight draws do not explain it either
