@@ -6,6 +6,48 @@ trained with FedAvg; studies that build the same network share one run, as
 the paper's identical rows show theirs did. Protocol and machinery:
 :mod:`.cvb_common` and :mod:`.cvb_quality`. Run by the chapter "CVB against
 attacks and architectures".
+
+The record (32 victims, ``--set victims=32``; 2026-11-27, CPU, 3 h 05 min)
+holds the client's β·KL term (:func:`fig9_hyperparams`). Against the paper (Table VIII):
+
+* with CVB at position 1 and k = 1 (the position study) the paper's SSIMs
+  lie inside the record's intervals (0.12 / 0.13 / 0.15 / 0.13 for
+  positions 1 / 1,2 / 1,3 / 1,2,3; paper 0.13 / 0.13 / 0.12 / 0.14), and
+  k = 3 too (0.20; paper 0.19);
+* from k = 5 on the record leaks more: the chosen CVB 0.26 (ASR 3 %)
+  against 0.21 (0 %), k = 7 0.33 against 0.23;
+* the SSIM rises with the scale only up to s = 1, where it meets the
+  paper's (0.21, 0.24, 0.26, 0.31 for s = 0.125 … 1; paper 0.10 … 0.30),
+  then stays (0.32, 0.31 at s = 2, 4) where the paper's rises to 0.44;
+* β moves it little (0.22–0.26 over β = 0.1 … 1e-5; paper 0.19–0.21);
+* positions 2 and 3 leak more (0.35 and 0.67, ASR 6 % and 91 %, against
+  0.24 and 0.46 / 48 %), as Tables I and II do with PRECODE there
+  (:func:`~.cvb_precode.table1_ignore`).
+
+The earlier record (2026-11-27, replaced the same day), made on the
+cross-entropy's gradient alone with the exact Gaussian KL, had similar
+single-position and kernel rows (chosen CVB 0.22, position 3 0.70 /
+97 %), lower ones for positions 1,2 and 1,2,3 (0.08 each), and an SSIM
+that barely moved with the scale (0.20–0.26) or with β (0.22–0.25). So
+the KL term's gradient in the encoders, which grows with K, is part of
+the paper's rise with the scale; what keeps the record flat above s = 1,
+and what makes wide encoders leak more here, is open. A
+first probe outside the library (plain autograd, 1,000 signed-Adam steps
+of lr 0.1, 6 images; 2026-11-27) had found the term changes little
+(0.20 → 0.22 at s = 0.125, 0.25 → 0.27 at s = 4): too short an attack.
+
+The gap at position 3 is not our implementation: the authors' own IG code, run
+unchanged from their repository (``get_attack("IG", ...)`` of
+``src/attacks.py`` with ``configs/attacks/IG.yaml``, their ``VBCNN`` from
+``configs/models/CNNCVB.yaml`` with the bottleneck moved to position 3 (their
+index 2), k = 1, their ignore list ``['decoder', 'mlp_layers']``, our
+network's weights copied in), on the first 8 of their stored CIFAR-10
+victims (``data/victim_datasets/CIFAR10_128.tdump``), full budget, this
+CPU, torch 2.14 (2026-11-27), gave SSIM 0.68 (ASR 7 of 8) with
+``cnn(seed=0)``'s weights and 0.71 (8 of 8) with ``cnn(seed=1)``'s, where
+ours gave 0.68 and 0.73 in the same run (SSIM by
+:func:`leakagelib.metrics.ssim_minmax` on both sides); the paper has 0.46
+(ASR 48 %).
 """
 
 from __future__ import annotations
@@ -170,47 +212,7 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     :data:`~.cvb_common.CVB_DEFAULT`). The KL term depends on the input
     through the encoders without passing through the noise.
 
-    The record (32 victims, ``--set victims=32``; 2026-11-27, CPU, 3 h 05 min)
-    holds the term. Against the paper (Table VIII):
-
-    * with CVB at position 1 and k = 1 (the position study) the paper's SSIMs
-      lie inside the record's intervals (0.12 / 0.13 / 0.15 / 0.13 for
-      positions 1 / 1,2 / 1,3 / 1,2,3; paper 0.13 / 0.13 / 0.12 / 0.14), and
-      k = 3 too (0.20; paper 0.19);
-    * from k = 5 on the record leaks more: the chosen CVB 0.26 (ASR 3 %)
-      against 0.21 (0 %), k = 7 0.33 against 0.23;
-    * the SSIM rises with the scale only up to s = 1, where it meets the
-      paper's (0.21, 0.24, 0.26, 0.31 for s = 0.125 … 1; paper 0.10 … 0.30),
-      then stays (0.32, 0.31 at s = 2, 4) where the paper's rises to 0.44;
-    * β moves it little (0.22–0.26 over β = 0.1 … 1e-5; paper 0.19–0.21);
-    * positions 2 and 3 leak more (0.35 and 0.67, ASR 6 % and 91 %, against
-      0.24 and 0.46 / 48 %), as Tables I and II do with PRECODE there
-      (:func:`~.cvb_precode.table1_ignore`).
-
-    The earlier record (2026-11-27, replaced the same day), made on the
-    cross-entropy's gradient alone with the exact Gaussian KL, had similar
-    single-position and kernel rows (chosen CVB 0.22, position 3 0.70 /
-    97 %), lower ones for positions 1,2 and 1,2,3 (0.08 each), and an SSIM
-    that barely moved with the scale (0.20–0.26) or with β (0.22–0.25). So
-    the KL term's gradient in the encoders, which grows with K, is part of
-    the paper's rise with the scale; what keeps the record flat above s = 1,
-    and what makes wide encoders leak more here, is open. A
-    first probe outside the library (plain autograd, 1,000 signed-Adam steps
-    of lr 0.1, 6 images; 2026-11-27) had found the term changes little
-    (0.20 → 0.22 at s = 0.125, 0.25 → 0.27 at s = 4): too short an attack.
-
-    The gap at position 3 is not our implementation: the authors' own IG code, run
-    unchanged from their repository (``get_attack("IG", ...)`` of
-    ``src/attacks.py`` with ``configs/attacks/IG.yaml``, their ``VBCNN`` from
-    ``configs/models/CNNCVB.yaml`` with the bottleneck moved to position 3 (their
-    index 2), k = 1, their ignore list ``['decoder', 'mlp_layers']``, our
-    network's weights copied in), on the first 8 of their stored CIFAR-10
-    victims (``data/victim_datasets/CIFAR10_128.tdump``), full budget, this
-    CPU, torch 2.14 (2026-11-27), gave SSIM 0.68 (ASR 7 of 8) with
-    ``cnn(seed=0)``'s weights and 0.71 (8 of 8) with ``cnn(seed=1)``'s, where
-    ours gave 0.68 and 0.73 in the same run (SSIM by
-    :func:`leakagelib.metrics.ssim_minmax` on both sides); the paper has 0.46
-    (ASR 48 %).
+    The record against the paper: the module's docstring.
     """
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)

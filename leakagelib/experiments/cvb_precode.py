@@ -152,14 +152,10 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
       were made before (no ``client_update`` in their provenance), on the
       cross-entropy's gradient alone.
 
-    The attack loop, the TV weight and its convention, the SSIM and the
-    success threshold follow the authors' code (:mod:`.cvb_common`). Their
-    published code has no PRECODE module or configuration (its only
-    bottleneck is CVB's), so the PRECODE runs of Tables I and II cannot be
-    compared with it line by line. With CVB at position 3 it can: there
-    their own attack code, run unchanged here on the same weights and their
-    stored victims, is as strong as ours, where the paper's Figure 9 has a
-    weaker attack (:func:`~.cvb_hyperparams.fig9_hyperparams`' docstring).
+    The attack loop, TV weight, SSIM and success threshold follow the
+    authors' code (:mod:`.cvb_common`), which has no PRECODE to compare
+    with; with CVB at position 3 their own attack code, run here, is as
+    strong as ours, where the paper's Figure 9 is weaker (:mod:`.cvb_hyperparams`).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
