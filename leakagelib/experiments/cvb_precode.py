@@ -130,7 +130,7 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
     (:func:`table1_units`).
 
     Why the record's full ignore attack succeeds more often than the paper's
-    (position 2 here; positions 3 and 1 in Table II's record) is open. Ruled
+    (position 2 here; positions 3, 2 and 1 in Table II's record) is open. Ruled
     out, each measured on the first 8 of the authors' own 128 CIFAR-10
     training victims (``data/victim_datasets/CIFAR10_128.tdump`` in
     dAI-SY-Group/ConvolutionalVariationalBottleneck, brought back from their
