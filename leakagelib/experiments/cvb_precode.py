@@ -223,11 +223,11 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
     factor per row (the first-layer leak of an MLP, one layer in). Measured
     before the update held the term, on 8 victims with 2,000 IG steps, seed
     0: the ignore attack reaches SSIM 0.62 (ASR 75 %); without the encoder's
-    gradient, 0.14 (ASR 0). The paper's ignore attack reads the encoder too (§III-B, Eq. 4: only
-    the decoder and later layers are left out), so this does not explain its
-    number; the authors' code has no PRECODE configuration to compare with.
-    Their victims and other weight draws do not explain it either
-    (:func:`table1_ignore`'s docstring).
+    gradient, 0.14 (ASR 0). The paper's ignore attack reads the encoder too
+    (§III-B, Eq. 4: only the decoder and later layers are left out), so this
+    does not explain its number; the authors' code has no PRECODE
+    configuration to compare with. Their victims and other weight draws do
+    not explain it either (:func:`table1_ignore`'s docstring).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
     victims = load_victims(ctx, "cifar10", ctx.config.victims)
