@@ -148,7 +148,9 @@ def _plan_line(
 ) -> tuple[str, str, float | None]:
     """``(status, line, seconds)`` of one campaign entry: done, partial or to run, with its ETA.
 
-    A partial record's ETA is the pace of its finished units when they ran on
+    A partial record beside a finished one is a re-run under way (the
+    experiment changed since the record was made) and is resumed like any
+    other. A partial record's ETA is the pace of its finished units when they ran on
     this kind of device; otherwise (a GPU's partial record resumed on a CPU),
     and for an experiment not started yet, it is the estimate of the declared
     work (of the units left) at step times probed on this device
@@ -162,14 +164,15 @@ def _plan_line(
     from .records import read_record
 
     data = {**env_data_overrides(), **parse_data_overrides(args.data or [])}
-    if out.exists():
+    partial_path = out.with_name(out.name + ".partial")
+    if out.exists() and not partial_path.exists():
         prov = read_record(out)["provenance"]
         where = f"{run_seconds(prov):.1f} s on {prov.get('device_name', '?')}"
         return "done", f"{exp_id:28s} done ({where})", 0.0
-    partial_path = out.with_name(out.name + ".partial")
-    if partial_path.exists():
+    if partial_path.exists():  # beside a finished record: a re-run that will replace it
         partial = PartialRecord.read(partial_path)
-        head = f"{exp_id:28s} partial: {len(partial.units)} of {partial.total} units, "
+        rerun = "re-run " if out.exists() else ""
+        head = f"{exp_id:28s} {rerun}partial: {len(partial.units)} of {partial.total} units, "
         eta = partial.estimate(args.device)
         if eta is not None:
             return "partial", head + f"about {format_duration(eta)} left at the pace so far", eta

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MISSING", "Table", "compare", "format_table", "results_record"]
+__all__ = ["MISSING", "Table", "compare", "format_table", "rerun_record", "results_record"]
 
 #: What :func:`compare` shows where a source has no value.
 MISSING = "–"
@@ -103,9 +103,32 @@ def results_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
     if partial is None:
         used = {k: v["used"] for k, v in (record or {}).get("settings_changed", {}).items()}
         return record, _changed_note(used)
+    return _as_record(partial, "record pending")
+
+
+def rerun_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
+    """The finished units of a paper-scale re-run under way beside a finished record, as
+    :func:`results_record` gives a pending one (``(None, "")`` where there is no such re-run).
+
+    A re-run replaces a record made before the experiment changed (``bayes/table2``'s,
+    before it followed the authors' grouped cosine); until its last unit is done the
+    record stays in ``results/`` and the re-run's units wait beside it in
+    ``results/ID.json.partial``. The chapter "Bayes versus heuristics under defenses"
+    shows both.
+    """
+    from .experiments.resume import pending_record
+    from .records import paper_record
+
+    partial = pending_record(experiment_id) if paper_record(experiment_id) else None
+    return (None, "") if partial is None else _as_record(partial, "re-run under way")
+
+
+def _as_record(partial: Any, state: str) -> tuple[dict[str, Any], str]:
+    """A partial record's finished rows in a finished record's form, and the note that says
+    how many units it has run (``state``: "record pending" or "re-run under way")."""
     rows = [row for rows in partial.units.values() for row in rows]
     changes = partial.identity.get("changes", {})
-    note = f" (record pending: {len(partial.units)} of {partial.total} units run)"
+    note = f" ({state}: {len(partial.units)} of {partial.total} units run)"
     settings = {k: {"used": v} for k, v in changes.items()}  # a finished record's form
     return {"rows": rows, "scale": "paper", "settings_changed": settings}, note + _changed_note(
         changes

@@ -67,7 +67,9 @@ def test_the_index_reads_each_status_from_the_records():
             assert (status == "record pending") == (time == "—") == (device == "—")
         else:
             judged = verdicts.verdict(reproduction.judgements(experiments.get(exp_id), record))
-            assert status == f"{record['scale']}-scale record (below): {judged}"
+            assert status == (
+                f"{record['scale']}-scale record (below): {judged}{reproduction.rerun(exp_id)}"
+            )
             assert record["provenance"]["device"] in device
             assert time != "—"
 
@@ -346,7 +348,8 @@ def test_a_chapters_comparison_shows_the_finished_units_of_a_pending_record(tmp_
 
 
 def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_path, monkeypatch):
-    """A CPU run with fewer victims (``reproduce --set victims=32``): the caption says so."""
+    """A CPU run with fewer victims (``reproduce --set victims=32``): the caption says so; a
+    partial record beside a finished one is a re-run under way, shown apart from the record."""
     from leakagelib.experiments.resume import PartialRecord
 
     monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
@@ -364,6 +367,16 @@ def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_p
     (tmp_path / "bayes-table5-priors.json").write_text(json.dumps(record))
     assert reporting.results_record("bayes/table5-priors")[1] == (
         " (the record's run changed victims to 16)"
+    )
+    assert reporting.rerun_record("bayes/table5-priors") == (None, "")
+    PartialRecord(path, identity, resume=False).add("laplacian", [{"defense": "lap"}], 6.0, 4)
+    rerun, note = reporting.rerun_record("bayes/table5-priors")  # beside the finished record
+    assert rerun["rows"] == [{"defense": "lap"}] and note.startswith(
+        " (re-run under way: 1 of 4 units run)"
+    )
+    assert reporting.results_record("bayes/table5-priors")[0] == record, "the record still shows"
+    assert reproduction.rerun("bayes/table5-priors") == (
+        "; a re-run is under way: 1 of 4 units run"
     )
 
 

@@ -69,3 +69,26 @@ def test_a_campaign_skips_finished_records_and_resumes_partial_ones(tiny, tmp_pa
     plan = capsys.readouterr().out.splitlines()
     assert "done (" in plan[0] and "done (" in plan[1] and not trained
     assert plan[2] == "total left: about 0 s"
+
+
+def test_a_partial_record_beside_a_finished_one_is_a_rerun_that_replaces_it(tiny, tmp_path, capsys):
+    trained, armed = tiny
+    assert campaign(tmp_path / "old") == 0
+    old = tmp_path / "old" / record_filename(IDS[1])
+    armed["stop"] = True
+    trained.clear()
+    results = tmp_path / "rerun"
+    assert campaign(results) == 130
+    partial = results / (record_filename(IDS[1]) + ".partial")
+    assert partial.exists()
+    (results / old.name).write_bytes(old.read_bytes())  # the record the re-run will replace
+    capsys.readouterr()
+
+    armed["stop"] = False
+    trained.clear()
+    assert campaign(results) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert "done (" in plan[0] and "re-run partial: 1 of 2 units" in plan[1], plan
+    assert len(trained) == 1, "the re-run's unfinished unit ran, not the whole experiment"
+    assert not partial.exists()
+    assert read_record(results / old.name)["provenance"]["resumed"] is True

@@ -39,7 +39,9 @@ def table_lines() -> list[str]:
         if record is None:
             status, time, dev = reproduction.pending(exp_id)
         else:
-            status = verdicts.verdict(reproduction.judgements(exp, record))
+            status = verdicts.verdict(reproduction.judgements(exp, record)) + reproduction.rerun(
+                exp_id
+            )
             time = reproduction.duration(records.run_seconds(record["provenance"]))
             dev = reproduction.device(record)
         where = reproduction.where(exp.summary)

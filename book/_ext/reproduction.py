@@ -156,6 +156,17 @@ def pending(exp_id: str) -> tuple[str, str, str]:
     return status, duration(sum(partial.seconds.values())), ", ".join(made)
 
 
+def rerun(exp_id: str) -> str:
+    """``"; a re-run is under way: k of n units run"`` where a paper-scale partial record waits
+    beside a finished one (a re-run that will replace it), else ``""``."""
+    from leakagelib.experiments.resume import pending_record
+
+    partial = pending_record(exp_id)
+    if partial is None:
+        return ""
+    return f"; a re-run is under way: {len(partial.units)} of {partial.total} units run"
+
+
 def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:
     """Every number of the paper's that ``record`` holds too, judged against the record's
     95 % interval (:func:`leakagelib.verdicts.judge`)."""
@@ -183,7 +194,7 @@ def index_lines(chapters: dict[str, Path]) -> list[str]:
             status, time, dev = pending(exp_id)
         else:
             judged = verdicts.verdict(judgements(exp, record))
-            status = f"{record['scale']}-scale record (below): {judged}"
+            status = f"{record['scale']}-scale record (below): {judged}{rerun(exp_id)}"
             time = duration(records.run_seconds(record["provenance"]))
             dev = device(record)
         paper = f"{{cite:t}}`{paper_key(exp_id)}`"
