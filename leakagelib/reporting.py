@@ -18,7 +18,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MISSING", "Table", "compare", "format_table", "rerun_record", "results_record"]
+__all__ = [
+    "MISSING",
+    "Table",
+    "compare",
+    "format_table",
+    "rerun_record",
+    "results_record",
+    "unit_times",
+]
 
 #: What :func:`compare` shows where a source has no value.
 MISSING = "–"
@@ -203,3 +211,29 @@ def compare(
             out.append(row)
     caption = caption or f"{experiment_id}: paper | results/ record | this run"
     return Table(out, caption=caption + pending)
+
+
+def unit_times(experiment_id: str) -> list[tuple[Any, float, str]]:
+    """``(unit key, seconds, device)`` of every unit the paper-scale record in ``results/`` ran
+    (its provenance's ``units``), or that a pending one has finished so far, in run order.
+
+    The chapter "CVB against attacks and architectures" states how long Table III's rows took
+    and where, read from the record rather than typed. A unit key comes back as the unit's
+    key (a list for a tuple), as the record stores it.
+    """
+    import json
+
+    from .experiments.resume import pending_record
+    from .records import paper_record
+
+    record = paper_record(experiment_id)
+    if record is not None:
+        units = record["provenance"].get("units", [])
+        return [(u["unit"], u["seconds"], u.get("device") or "?") for u in units]
+    partial = pending_record(experiment_id)
+    if partial is None:
+        return []
+    return [
+        (json.loads(key), seconds, partial.made.get(key, {}).get("device") or "?")
+        for key, seconds in partial.seconds.items()
+    ]

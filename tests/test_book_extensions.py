@@ -380,6 +380,25 @@ def test_a_chapters_comparison_says_which_settings_the_records_run_changed(tmp_p
     )
 
 
+def test_a_records_unit_times_come_from_its_provenance_or_its_partial(tmp_path, monkeypatch):
+    """``reporting.unit_times``: each unit's key, seconds and device, finished or pending."""
+    from leakagelib.experiments.resume import PartialRecord
+
+    monkeypatch.setattr(records, "default_results_dir", lambda: tmp_path)
+    assert reporting.unit_times("cvb/table3-attacks") == []
+    path = tmp_path / "cvb-table3-attacks.json.partial"
+    partial = PartialRecord(path, {"scale": "paper", "seed": 0}, resume=False)
+    partial.add(("mnist", "none", "idlg"), [{"ssim": 0.5}], 349.0, 12, made={"device": "cpu"})
+    [(key, seconds, device)] = reporting.unit_times("cvb/table3-attacks")
+    assert (key, seconds, device) == (["mnist", "none", "idlg"], 349.0, "cpu")
+    path.unlink()
+    units = [{"unit": ["mnist", "none", "cpl"], "seconds": 835.0, "device": "cuda"}]
+    record = {"experiment": "cvb/table3-attacks", "scale": "paper", "rows": [],
+              "provenance": {"device": "cuda", "wall_seconds": 835.0, "seed": 0, "units": units}}  # fmt: skip
+    (tmp_path / "cvb-table3-attacks.json").write_text(json.dumps(record))
+    assert reporting.unit_times("cvb/table3-attacks") == [(["mnist", "none", "cpl"], 835.0, "cuda")]
+
+
 def test_the_images_behind_a_record_row_are_the_victims_its_run_used(tmp_path, monkeypatch):
     """``verdicts.images_per_row``: a run's ``--set victims=…`` wins over the registered count,
     for a finished record and for a pending one alike (the chapters judge both)."""
