@@ -196,8 +196,9 @@ def table2(ctx: Context) -> list[dict]:
 
     One unit per (dataset, training step, defense) of the config: the network
     at that step (at step 500 trained under the defense), a case and the
-    tuned attacks — at paper scale about 45 CPU-minutes each, so that an
-    interrupted campaign keeps most of its work. Rows: ``dataset``,
+    tuned attacks — at paper scale about 2 minutes each on a lent H200
+    (2026-11-27, tuning on ten victims; 24 s when it tuned on one), so that
+    an interrupted campaign keeps most of its work. Rows: ``dataset``,
     ``defense``, ``attack`` (preset id), ``step`` (training step), ``psnr``
     (mean over the victims, dB), ``psnr_per_image``, and what A.3's search
     chose: ``tuned`` (the :class:`~leakagelib.attacks.config.Setting`: lr,
