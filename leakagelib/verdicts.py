@@ -18,8 +18,12 @@ confidence interval for the same quantity:
   "> 150 dB on every image") states the bound of each image, and is judged against every
   record row, each row's value on its own.
 
-The paper's own sampling error is not counted, so the test is strict: over many images a record
-close to the paper can still fall outside. A value with no interval (an accuracy, a condition
+A number the paper prints rounded stands for every value that rounds to it: the paper's SSIM
+"0.00" for anything in [−0.005, 0.005]. The paper's values of a column are printed to one
+precision, so :func:`judge` takes half a unit of the last decimal the column's values show
+(:func:`rounding`) as the paper's own width, and a value agrees when that width and the record's
+interval overlap. The paper's own sampling error is not counted, so the test is strict: over
+many images a record close to the paper can still fall outside. A value with no interval (an accuracy, a condition
 number, a time) is shown beside the paper's but not judged.
 """
 
@@ -31,7 +35,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVERY_IMAGE", "Judgement", "images_per_row", "interval", "judge", "verdict"]
+__all__ = [
+    "EVERY_IMAGE",
+    "Judgement",
+    "images_per_row",
+    "interval",
+    "judge",
+    "rounding",
+    "verdict",
+]
 
 #: What a paper row names instead of a row when its bound holds for each image of the record.
 EVERY_IMAGE = "every image"
@@ -117,13 +129,29 @@ def _wilson(share: float, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _agrees(paper: Any, record: Any, low: float, high: float) -> bool | None:
-    """Whether the paper's value (a number, or a bound such as "> 150") fits the interval;
-    ``None`` where it cannot be judged (a count against a rounded number of the paper's)."""
+def rounding(values: Sequence[Any]) -> float:
+    """Half a unit of the last decimal that any of a column's ``values`` (the paper's) shows:
+    the paper prints a column to one precision, and a float keeps no trailing zeros, so the
+    column's longest decimal part gives it (0.76, 0.0 and 0.32: 0.005). 0 for counts (ints) and
+    for a column without a printed decimal."""
+    places = []
+    for value in values:
+        if isinstance(value, float) and math.isfinite(value):
+            digits = f"{value:.10f}".rstrip("0").split(".")[1]
+            places.append(len(digits))
+    return 0.5 * 10.0 ** -max(places) if places and max(places) else 0.0
+
+
+def _agrees(paper: Any, record: Any, low: float, high: float, width: float = 0.0) -> bool | None:
+    """Whether the paper's value (a number, or a bound such as "> 150") fits the interval, the
+    number widened by its rounding ``width``; ``None`` where it cannot be judged (a count
+    against a rounded number of the paper's)."""
     if isinstance(paper, bool) or (isinstance(record, int) and not isinstance(paper, (int, str))):
         return None
-    if isinstance(paper, (int, float)):
-        return low <= paper <= high if math.isfinite(paper) else None
+    if isinstance(paper, int):
+        return low <= paper <= high
+    if isinstance(paper, float):
+        return low - width <= paper <= high + width if math.isfinite(paper) else None
     bound = _BOUND.match(paper) if isinstance(paper, str) else None
     if bound is None:
         return None
@@ -139,9 +167,11 @@ def judge(
     n: int | None = None,
 ) -> list[Judgement]:
     """Every value of ``columns`` that a paper row and the record row with the same ``on``
-    values both hold, judged where the record gives an interval (:func:`interval`); a paper
-    row of :data:`EVERY_IMAGE` is judged against each record row."""
+    values both hold, judged where the record gives an interval (:func:`interval`), the
+    paper's number widened by the column's :func:`rounding`; a paper row of
+    :data:`EVERY_IMAGE` is judged against each record row."""
     by_key = {tuple(r.get(k) for k in on): r for r in record_rows}
+    width = {c: rounding([p.get(c) for p in paper_rows]) for c in columns}
     found = []
     for paper in paper_rows:
         key = tuple(paper.get(k) for k in on)
@@ -150,7 +180,9 @@ def judge(
         for row in rows:
             for column in columns:
                 span = _each(row, column, paper.get(column)) if every else interval(row, column, n)
-                agrees = _agrees(paper.get(column), row[column], *span) if span else None
+                agrees = (
+                    _agrees(paper.get(column), row[column], *span, width[column]) if span else None
+                )
                 if agrees is not None:
                     where = tuple(zip(on, (row.get(k) for k in on), strict=True))
                     found.append(

@@ -93,3 +93,18 @@ def test_a_bound_of_every_image_is_judged_on_each_record_row():
     assert [j.agrees for j in found] == [True, False, True]
     assert "image 1: psnr, paper > 150 outside the record's 149" in str(found[1])
     assert verdicts.verdict(found) == "diverges (1 of 3 values outside)"
+
+
+def test_a_rounded_number_of_the_papers_stands_for_all_that_round_to_it():
+    """The paper prints SSIM to two decimals: its "0.00" agrees with a record whose interval
+    reaches 0.005, and not with one that starts above it; counts keep no width."""
+    assert verdicts.rounding([0.76, 0.0, 0.32]) == pytest.approx(0.005)
+    assert verdicts.rounding([0.9141, 1.0, 0.124]) == pytest.approx(5e-5)
+    assert verdicts.rounding([3, 1.0]) == 0.0
+    paper = [{"cell": "a", "ssim": 0.0}, {"cell": "b", "ssim": 0.76}]
+    near = {"cell": "a", "ssim": 0.0046, "ssim_per_image": [0.0040, 0.0046, 0.0052]}
+    far = {"cell": "a", "ssim": 0.0086, "ssim_per_image": [0.0080, 0.0086, 0.0092]}
+    below = {"cell": "b", "ssim": 0.74, "ssim_per_image": [0.7395, 0.74, 0.7405]}
+    found = verdicts.judge(paper, [near, below], on=["cell"], columns=["ssim"])
+    assert [j.agrees for j in found] == [True, False]
+    assert not verdicts.judge(paper, [far], on=["cell"], columns=["ssim"])[0].agrees

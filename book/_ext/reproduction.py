@@ -16,8 +16,8 @@ typing a number:
   :func:`leakagelib.reporting.compare`) and each judged value.
 
 The index's verdict on a record, "reproduced", "diverges" or "not judged", is
-:func:`leakagelib.verdicts.verdict`: whether each number of the paper lies inside
-the record's 95 % interval for it, computed from the record's own spread.
+:func:`leakagelib.verdicts.verdict`: whether each number of the paper (with its
+rounding) lies inside the record's 95 % interval for it, computed from the record's own spread.
 """
 
 from __future__ import annotations
