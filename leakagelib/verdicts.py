@@ -64,6 +64,8 @@ class Judgement:
     low: float
     high: float
     agrees: bool
+    #: The paper's rounding (:func:`rounding`) the judgement allowed the paper's number.
+    width: float = 0.0
 
     def __str__(self) -> str:
         where = ", ".join(f"{k} {v}" for k, v in self.row)
@@ -72,7 +74,9 @@ class Judgement:
         else:
             span = f"[{self.low:.4g}, {self.high:.4g}]"
         word = "inside" if self.agrees else "outside"
-        return f"{where}: {self.column}, paper {self.paper} {word} the record's {span}"
+        strictly = not isinstance(self.paper, float) or self.low <= self.paper <= self.high
+        rounded = "" if strictly or not self.agrees else f" (within its rounding, ±{self.width:g})"
+        return f"{where}: {self.column}, paper {self.paper} {word} the record's {span}{rounded}"
 
 
 def _per_image(row: Mapping[str, Any], column: str) -> list[Any] | None:
@@ -185,8 +189,9 @@ def judge(
                 )
                 if agrees is not None:
                     where = tuple(zip(on, (row.get(k) for k in on), strict=True))
+                    value = float(row[column])
                     found.append(
-                        Judgement(where, column, paper[column], float(row[column]), *span, agrees)
+                        Judgement(where, column, paper[column], value, *span, agrees, width[column])
                     )
     return found
 

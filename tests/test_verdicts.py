@@ -107,4 +107,6 @@ def test_a_rounded_number_of_the_papers_stands_for_all_that_round_to_it():
     below = {"cell": "b", "ssim": 0.74, "ssim_per_image": [0.7395, 0.74, 0.7405]}
     found = verdicts.judge(paper, [near, below], on=["cell"], columns=["ssim"])
     assert [j.agrees for j in found] == [True, False]
+    assert str(found[0]).endswith("(within its rounding, ±0.005)")
+    assert "rounding" not in str(found[1])
     assert not verdicts.judge(paper, [far], on=["cell"], columns=["ssim"])[0].agrees
