@@ -14,9 +14,13 @@ Used by every chapter and by :mod:`leakagelib.cli`.
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .experiments.resume import PartialRecord
 
 __all__ = [
     "MISSING",
@@ -131,12 +135,12 @@ def rerun_record(experiment_id: str) -> tuple[dict[str, Any] | None, str]:
     return (None, "") if partial is None else _as_record(partial, "re-run under way")
 
 
-def _as_record(partial: Any, state: str) -> tuple[dict[str, Any], str]:
+def _as_record(partial: PartialRecord, state: str) -> tuple[dict[str, Any], str]:
     """A partial record's finished rows in a finished record's form, and the note that says
     how many units it has run (``state``: "record pending" or "re-run under way")."""
     rows = [row for rows in partial.units.values() for row in rows]
     changes = partial.identity.get("changes", {})
-    note = f" ({state}: {len(partial.units)} of {partial.total} units run)"
+    note = f" ({state}: {partial.progress()})"
     settings = {k: {"used": v} for k, v in changes.items()}  # a finished record's form
     return {"rows": rows, "scale": "paper", "settings_changed": settings}, note + _changed_note(
         changes
@@ -221,8 +225,6 @@ def unit_times(experiment_id: str) -> list[tuple[Any, float, str]]:
     and where, read from the record rather than typed. A unit key comes back as the unit's
     key (a list for a tuple), as the record stores it.
     """
-    import json
-
     from .experiments.resume import pending_record
     from .records import paper_record
 

@@ -21,10 +21,10 @@ confidence interval for the same quantity:
 A number the paper prints rounded stands for every value that rounds to it: the paper's SSIM
 "0.00" for anything in [−0.005, 0.005]. The paper's values of a column are printed to one
 precision, so :func:`judge` takes half a unit of the last decimal the column's values show
-(:func:`rounding`) as the paper's own width, and a value agrees when that width and the record's
-interval overlap. The paper's own sampling error is not counted, so the test is strict: over
-many images a record close to the paper can still fall outside. A value with no interval (an accuracy, a condition
-number, a time) is shown beside the paper's but not judged.
+(:func:`rounding`) as the paper's own width, and a value agrees when that width and the
+record's interval overlap. The paper's own sampling error is not counted, so the test is
+strict: over many images a record close to the paper can still fall outside. A value with no
+interval (an accuracy, a condition number, a time) is shown beside the paper's but not judged.
 """
 
 from __future__ import annotations

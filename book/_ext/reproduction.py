@@ -152,7 +152,7 @@ def pending(exp_id: str) -> tuple[str, str, str]:
     if partial is None:
         return "record pending", "—", "—"
     made = sorted({m.get("device") or "?" for m in partial.made.values()}) or ["?"]
-    status = f"record pending: {len(partial.units)} of {partial.total} units run"
+    status = f"record pending: {partial.progress()}"
     return status, duration(sum(partial.seconds.values())), ", ".join(made)
 
 
@@ -164,7 +164,7 @@ def rerun(exp_id: str) -> str:
     partial = pending_record(exp_id)
     if partial is None:
         return ""
-    return f"; a re-run is under way: {len(partial.units)} of {partial.total} units run"
+    return f"; a re-run is under way: {partial.progress()}"
 
 
 def judgements(exp: Any, record: dict[str, Any]) -> list[Any]:

@@ -187,6 +187,11 @@ class PartialRecord:
             "units": units,
         }
 
+    def progress(self) -> str:
+        """``"k of n units run"``: how far the run has got, as the chapters' captions, the
+        reproduction index and the README's records table say it."""
+        return f"{len(self.units)} of {self.total} units run"
+
     def devices(self) -> set[str | None]:
         """The kinds of device (``"cpu"``, ``"cuda"``) that made the finished units (``None``: unknown)."""
         return {device_kind(self.made.get(key, {}).get("device")) for key in self.units}
