@@ -68,8 +68,9 @@ def test_the_note_names_the_victims_by_their_file_indices(tmp_path, monkeypatch)
     path = tmp_path / "cifar.npz"
     np.savez(path, images=rng.integers(0, 256, (400, 3, 32, 32), dtype=np.uint8),
              labels=np.arange(400) % 10)  # fmt: skip
-    ctx = _ctx(2, cifar10=str(path))
-    note = cvb_data.victim_notes(ctx, ["cifar10"], 3)["cifar10"]
+    three = PROTOCOL.changed("ci", {"victims": 3})
+    ctx = Context(scale="ci", seed=2, progress=False, settings=three, data={"cifar10": str(path)})
+    note = cvb_data.victim_notes(ctx, ["cifar10"])["cifar10"]
     pool = cvb_data.training_pool(ctx, "cifar10")
     chosen = pool.indices[cvb_data.victim_positions(ctx, pool, 3)].tolist()
     assert note.startswith(f"{path}; victims: 3 of the training images of client 0 of 2")
@@ -79,3 +80,37 @@ def test_the_note_names_the_victims_by_their_file_indices(tmp_path, monkeypatch)
     assert np.array_equal((victims.images * 255).round().byte().numpy(), stored[chosen])
     train_part = set(ctx.dataset("cifar10", split="train").indices.tolist())
     assert set(chosen) <= train_part  # never an image of the file's test part
+
+
+def test_victims_at_draws_a_dataset_s_own_count_and_leaves_the_others_alone() -> None:
+    """``victims_at`` (Table III on the 500-image CIFAR-10 sample) changes one dataset's draw;
+    the other datasets' victims are those of a run without it, image for image."""
+    plain = _ctx(0)
+    changed = Context(scale="ci", seed=0, progress=False, data={},
+                      settings=PROTOCOL.changed("ci", {"victims_at": {"cifar10": 5}}))  # fmt: skip
+    assert cvb_data.victim_count(changed, "cifar10") == 5
+    assert cvb_data.victim_count(changed, "mnist") == plain.config.victims == 2
+    assert len(cvb_data.load_victims(changed, "cifar10").labels) == 5
+    assert torch.equal(
+        cvb_data.load_victims(changed, "mnist").images, cvb_data.load_victims(plain, "mnist").images
+    )
+    assert cvb_data.victim_fields(changed, "cifar10") == {"n": 5}  # a row says its own count
+    assert (
+        cvb_data.victim_fields(changed, "mnist") == cvb_data.victim_fields(plain, "cifar10") == {}
+    )
+    assert "victims: 5 of" in cvb_data.victim_notes(changed, ["cifar10"])["cifar10"]
+
+
+@pytest.mark.parametrize(
+    ("victims_at", "message"),
+    [
+        ({"svhn": 3}, r"victims_at names \['svhn'\]"),
+        ({"cifar10": 0}, "must be a positive integer"),
+        ({"cifar10": 10_000}, "victims of cifar10, but client 0 trains on only"),
+    ],
+)
+def test_a_count_that_cannot_be_drawn_stops_the_run_before_any_attack(victims_at, message) -> None:
+    ctx = Context(scale="ci", seed=0, progress=False, data={},
+                  settings=PROTOCOL.changed("ci", {"victims_at": victims_at}))  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        cvb_data.check_victims(ctx, ["mnist", "cifar10"])

@@ -28,6 +28,7 @@ from .cvb_common import (
     TRAINING,
     attack_layers,
     attack_load,
+    check_victims,
     cnn,
     cvb_attack,
     cvb_config,
@@ -36,6 +37,7 @@ from .cvb_common import (
     reference_rows,
     run_attack,
     training_loads,
+    victim_fields,
     with_victims,
 )
 from .cvb_quality import LPIPS, quality_row, require_lpips
@@ -149,7 +151,8 @@ def table5_architectures(ctx: Context) -> dict[str, Any]:
     scale). One unit per row: (dataset, model, defense).
     """
     require_lpips(ctx)
-    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+    check_victims(ctx, ctx.config.datasets)
+    victims = cache(lambda dataset: load_victims(ctx, dataset))
 
     def unit(cell: tuple[str, str, str]) -> list[dict[str, Any]]:
         dataset, name, defense = cell
@@ -161,7 +164,7 @@ def table5_architectures(ctx: Context) -> dict[str, Any]:
         fresh = architecture(name, cvb, ctx.config, seed=ctx.seed)
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset, model=name,
                             defense=defense, accuracy=fedavg_accuracy(ctx, fresh, dataset),
-                            pictures=FIGURE_IMAGES)]  # fmt: skip
+                            **victim_fields(ctx, dataset), pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(d, name, defense) for d in ctx.config.datasets for name in TABLE5_MODELS
              for defense in ("none", "cvb")]  # fmt: skip
@@ -248,7 +251,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
 
     def unit(cell: tuple[str, str]) -> list[dict[str, Any]]:
         name, defense = cell
-        victims = load_victims(ctx, name, ctx.config.victims)
+        victims = load_victims(ctx, name)
         classes = int(ctx.dataset(name, split="train").labels.max()) + 1
         spec = {**CVB_DEFAULT, "kernel_size": kernels[name]} if defense == "cvb" else None
         model = cnn(spec, seed=ctx.seed, num_classes=classes)
@@ -257,7 +260,7 @@ def table6_medical(ctx: Context) -> dict[str, Any]:
         fresh = cnn(spec, seed=ctx.seed, num_classes=classes)
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=name, defense=defense,
                             accuracy=fedavg_accuracy(ctx, fresh, name),
-                            pictures=FIGURE_IMAGES)]  # fmt: skip
+                            **victim_fields(ctx, name), pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(name, defense) for name in present for defense in ("none", "cvb")]
     return with_victims(ctx, ctx.units(cells, unit, "Table VI"), present, **skipped)

@@ -61,7 +61,15 @@ from ..defenses import (
 from ..defenses.bottlenecks import bottlenecks
 from .case import Case, build_case
 from .config import ScaleConfig, Settings
-from .cvb_data import Victims, fedavg_accuracy, load_victims, to_rgb32, with_victims
+from .cvb_data import (
+    Victims,
+    check_victims,
+    fedavg_accuracy,
+    load_victims,
+    to_rgb32,
+    victim_fields,
+    with_victims,
+)
 from .registry import Context
 from .work import LBFGS_EVALUATIONS, Load, Net, evaluation_load, split_size
 
@@ -85,6 +93,7 @@ __all__ = [
     "cvb_attack",
     "cvb_config",
     "fedavg_accuracy",
+    "check_victims",
     "load_victims",
     "n_added",
     "reference_rows",
@@ -92,6 +101,7 @@ __all__ = [
     "scale_note",
     "to_rgb32",
     "training_loads",
+    "victim_fields",
     "with_victims",
 ]
 
@@ -141,14 +151,16 @@ CVB_LOOP: dict[str, Any] = {
 
 #: The attack protocol: victims per dataset and the attacks' loop budgets.
 ATTACK = ScaleConfig(
-    ci={"victims": 2, "ig_steps": 100, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 10,
+    ci={"victims": 2, "victims_at": {}, "ig_steps": 100, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 10,
         "ig_stop": 100, "lbfgs_steps": 10, "lbfgs_lr": 1.0, "lbfgs_plateau": 40, "lbfgs_stop": 400,
         "cpl_label": CPL_LABEL_WEIGHT},
-    paper={"victims": 128, "ig_steps": 20_000, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 400,
+    paper={"victims": 128, "victims_at": {}, "ig_steps": 20_000, "ig_lr": 1.0, "ig_tv": IG_TV, "ig_plateau": 400,
            "ig_stop": 4_000, "lbfgs_steps": 2_000, "lbfgs_lr": 0.01, "lbfgs_plateau": 40,
            "lbfgs_stop": 400, "cpl_label": CPL_LABEL_WEIGHT},
     sources={
         "victims": "§V-B: the victim set of 128 images per dataset",
+        "victims_at": "ours: a dataset's own count where its client 0 holds fewer training "
+                      "images than victims (cvb_data.victim_count; none as registered)",
         "ig_steps": "§V-B and configs/attacks/IG.yaml: at most 20,000 iterations",
         "ig_lr": "configs/attacks/IG.yaml: lr 1 (at ci also the stronger of 1 and 0.1)",
         "ig_tv": "configs/models/*.yaml: attack.regularization per architecture (§V-B's value "

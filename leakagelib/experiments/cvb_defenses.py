@@ -24,6 +24,7 @@ from .cvb_common import (
     TRAINING,
     attack_layers,
     attack_load,
+    check_victims,
     client_epsilon,
     cnn,
     cvb_attack,
@@ -34,6 +35,7 @@ from .cvb_common import (
     reference_rows,
     run_attack,
     training_loads,
+    victim_fields,
     with_victims,
 )
 from .cvb_quality import LPIPS, quality_row, require_lpips
@@ -120,7 +122,8 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
     0.95); their best iterates came at 800–2,400 iterations.
     """
     require_lpips(ctx)
-    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+    check_victims(ctx, ctx.config.datasets)
+    victims = cache(lambda dataset: load_victims(ctx, dataset))
 
     def unit(cell: tuple[str, str, str]) -> list[dict[str, Any]]:
         dataset, defense, name = cell
@@ -129,7 +132,8 @@ def table3_attacks(ctx: Context) -> dict[str, Any]:
         attack = cvb_attack(name, ctx.config, include=attack_layers(model))
         case, result = run_attack(ctx, model, victims(dataset), attack, offset=ATTACKS.index(name))
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset,
-                            defense=defense, attack=name, pictures=FIGURE_IMAGES)]  # fmt: skip
+                            defense=defense, attack=name, **victim_fields(ctx, dataset),
+                            pictures=FIGURE_IMAGES)]  # fmt: skip
 
     rows = ctx.units(table3_units(ctx.config.datasets), unit, "Table III")
     return with_victims(ctx, rows, ctx.config.datasets)
@@ -272,7 +276,8 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
     require_lpips(ctx)
     choices = table4_choices(ctx.config)
     named = [(name, parameter) for name, parameter, _, _ in choices]
-    victims = cache(lambda dataset: load_victims(ctx, dataset, ctx.config.victims))
+    check_victims(ctx, ctx.config.datasets)
+    victims = cache(lambda dataset: load_victims(ctx, dataset))
 
     def unit(cell: tuple[str, str, Any]) -> list[dict[str, Any]]:
         dataset, i = cell[0], named.index((cell[1], cell[2]))
@@ -287,7 +292,8 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
             epsilon = client_epsilon(ctx.config, trained, len(ctx.dataset(dataset, split="train")))
         return [quality_row(case, result, lpips=ctx.config.lpips, dataset=dataset, defense=name,
                             parameter=parameter, accuracy=accuracy, epsilon=epsilon,
-                            added=n_added(model), pictures=FIGURE_IMAGES)]  # fmt: skip
+                            added=n_added(model), **victim_fields(ctx, dataset),
+                            pictures=FIGURE_IMAGES)]  # fmt: skip
 
     cells = [(dataset, *choice) for dataset in ctx.config.datasets for choice in named]
     return with_victims(ctx, ctx.units(cells, unit, "Table IV"), ctx.config.datasets)

@@ -225,7 +225,7 @@ def fig9_hyperparams(ctx: Context) -> dict[str, Any]:
     require_lpips(ctx)
     studies = fig9_studies(ctx.config)
     runs = {tuple(studies[group[0]][:2]): group for group in fig9_runs(ctx.config)}
-    victims = load_victims(ctx, "cifar10", ctx.config.victims)
+    victims = load_victims(ctx, "cifar10")
 
     def unit(cell: tuple[str, Any]) -> list[dict[str, Any]]:
         group = runs[tuple(cell)]

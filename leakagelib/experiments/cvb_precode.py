@@ -157,7 +157,7 @@ def table1_ignore(ctx: Context) -> dict[str, Any]:
     strong as ours, where the paper's Figure 9 is weaker (:mod:`.cvb_hyperparams`).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
-    victims = load_victims(ctx, "cifar10", ctx.config.victims)
+    victims = load_victims(ctx, "cifar10")
 
     def unit(cell: tuple[int, str]) -> list[dict[str, Any]]:
         position, label = cell
@@ -230,7 +230,7 @@ def table2_placement(ctx: Context) -> dict[str, Any]:
     not explain it either (:func:`table1_ignore`'s docstring).
     """
     ig = partial(cvb_attack, "inverting-gradients", ctx.config)
-    victims = load_victims(ctx, "cifar10", ctx.config.victims)
+    victims = load_victims(ctx, "cifar10")
 
     def unit(position: int) -> list[dict[str, Any]]:
         spec = None if position == 0 else {**PRECODE_TABLE2, "position": position}
