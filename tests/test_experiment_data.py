@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from leakagelib import data
-from leakagelib.experiments import registry
+from leakagelib.experiments import data_roles, registry
 
 COUNT = 50  # a fifth (10) is the test part, 40 the train part
 
@@ -78,7 +78,7 @@ def test_record_says_which_indices_played_which_role(mnist_file: str, toy: str) 
 
 
 def test_large_parts_are_given_as_count_and_rule(mnist_file: str, toy: str, monkeypatch) -> None:
-    monkeypatch.setattr(registry, "LISTED_INDICES", 5)
+    monkeypatch.setattr(data_roles, "LISTED_INDICES", 5)
     record = registry.run(toy, data={"mnist": mnist_file}, progress=False)
     train = record["data"]["mnist"]["train"]
     assert "indices" not in train and train["count"] == 40

@@ -68,6 +68,19 @@ class Watch:
         self.best_x: Tensor | None = None
         self.best_z: Tensor | None = None
 
+    #: The attributes that make up the state (:meth:`state_dict`), in a checkpoint's order.
+    STATE = ("lr", "best", "plateau_best", "bad_steps", "stale_steps", "active", "best_x", "best_z")
+
+    def state_dict(self) -> dict[str, Tensor | None]:
+        """The per-attack state, for a checkpoint (:mod:`leakagelib.attacks.checkpoint`)."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict[str, Tensor | None]) -> None:
+        """Take back a :meth:`state_dict`, on the device of the current ``lr``."""
+        for name in self.STATE:
+            value = state[name]
+            setattr(self, name, None if value is None else value.to(self.lr.device))
+
     def lr_of(self, like: Tensor) -> Tensor:
         """Each attack's current learning rate, shaped to scale a tensor ``like`` the iterates."""
         return _broadcast(self.lr, like)

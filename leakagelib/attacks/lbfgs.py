@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
+from .checkpoint import LoopCheckpoint, remaining, restore
 from .config import AttackConfig
 from .control import Watch
 
@@ -65,6 +66,16 @@ class _History:
         self.prev_g = like.new_zeros((attacks, dim))
         self.prev_loss = like.new_zeros(attacks)
         self.n_iter = torch.zeros(attacks, dtype=torch.long, device=like.device)
+
+    #: The tensors that make up the state, for a checkpoint (:mod:`leakagelib.attacks.checkpoint`).
+    STATE = ("s", "y", "rho", "count", "pos", "h_diag", "d", "t", "prev_g", "prev_loss", "n_iter")
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for name in self.STATE:
+            setattr(self, name, state[name].to(self.s.device))
 
     def push(self, g: Tensor, keep: Tensor) -> None:
         """Store the pair of the last move for attacks in ``keep`` whose curvature is positive."""
@@ -146,6 +157,26 @@ def _step(
     return v
 
 
+class _Flat:
+    """Each attack's inputs (and, with ``labels``, its label logits) as one row of a matrix."""
+
+    def __init__(self, x: Tensor, z: Tensor, labels: bool) -> None:
+        self.x_shape, self.z, self.labels = x.shape, z, labels
+        self.n_x, self.rows = x[0, 0, 0].numel(), x.shape[:3].numel()
+
+    def split(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The inputs ``H × N × R × ...`` and labels of the rows ``v``."""
+        xv = v[:, : self.n_x].reshape(self.x_shape)
+        return xv, (v[:, self.n_x :].reshape(self.z.shape) if self.labels else self.z)
+
+    def join(self, xv: Tensor, zv: Tensor | None) -> Tensor:
+        """The rows of inputs ``xv`` and labels ``zv`` (left out without ``labels``)."""
+        parts = [xv.reshape(self.rows, -1)]
+        if self.labels and zv is not None:
+            parts.append(zv.reshape(self.rows, -1))
+        return torch.cat(parts, 1)
+
+
 def lbfgs_per_attack(
     config: AttackConfig,
     evaluate: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None, Tensor]],
@@ -156,50 +187,48 @@ def lbfgs_per_attack(
     clamp: Callable[[Tensor], Tensor],
     steps: Iterable[int],
     callback: Callable[[int, Tensor], None] | None,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> tuple[Tensor, Tensor, list[float]]:
     """L-BFGS on every attack of ``x`` (``H × N × R × ...``) alone, with :class:`Watch`'s control.
 
     ``lrs`` holds one learning rate per setting. As in the authors' loop, the
     objective recorded for step t is the one at its start, ``f(x_t)``; the box
     (``clamp``) acts after each step. Returns the iterates (the best ones with
-    ``keep_best``), the labels and the mean objective per step.
+    ``keep_best``), the labels and the mean objective per step. A
+    ``checkpoint`` (:mod:`.checkpoint`) resumes the loop.
     """
-    lead, n_x = x.shape[:3], x[0, 0, 0].numel()
+    lead, flat = x.shape[:3], _Flat(x, z, config.optimize_labels)
     watch = Watch(config, lrs.reshape(-1, 1, 1).expand(lead).clone())
     d0 = draw()
 
-    def split(v: Tensor) -> tuple[Tensor, Tensor]:
-        xv = v[:, :n_x].reshape(x.shape)
-        return xv, (v[:, n_x:].reshape(z.shape) if config.optimize_labels else z)
-
     def closure(v: Tensor) -> tuple[Tensor, Tensor]:
-        gx, gz, value = evaluate(*split(v), d0)
-        parts = [gx.reshape(v.shape[0], -1)]
-        if config.optimize_labels and gz is not None:
-            parts.append(gz.reshape(v.shape[0], -1))
-        return value.reshape(-1), torch.cat(parts, 1)
+        gx, gz, value = evaluate(*flat.split(v), d0)
+        return value.reshape(-1), flat.join(gx, gz)
 
-    def join(xv: Tensor, zv: Tensor) -> Tensor:
-        parts = [xv.reshape(lead.numel(), -1)]
-        if config.optimize_labels:
-            parts.append(zv.reshape(lead.numel(), -1))
-        return torch.cat(parts, 1)
-
-    v = join(x, z)
+    v = flat.join(x, z)
     state = _History(v.shape[0], v.shape[1], config.lbfgs_history, v)
-    history: list[float] = []
-    for t in steps:
+    start, ended, history = restore(checkpoint, {"v": v}, {"watch": watch, "lbfgs": state})
+
+    def saved() -> dict:
+        return dict(v=v, history=history, watch=watch.state_dict(), lbfgs=state.state_dict())
+
+    t = start - 1
+    for t in remaining(steps, start, ended):
         loss, g = closure(v)
         value = loss.reshape(lead)
         history.append(float(value.mean()))
-        watch.record(value, *split(v))
-        before = split(v)
-        xv, zv = split(_step(state, v, loss, g, watch.lr.reshape(-1), watch.active.reshape(-1),
-                             closure, config))  # fmt: skip
+        watch.record(value, *flat.split(v))
+        before = flat.split(v)
+        xv, zv = flat.split(_step(state, v, loss, g, watch.lr.reshape(-1),
+                                  watch.active.reshape(-1), closure, config))  # fmt: skip
         xv, zv = watch.settle(value, (before[0], clamp(xv)), (before[1], zv))
-        v = join(xv, zv)
+        v = flat.join(xv, zv)
+        if checkpoint is not None:
+            checkpoint.tick(t, saved)
         if callback is not None:
             callback(t, xv.detach().clone())
         if watch.finished():
             break
-    return (*watch.result(*split(v)), history)
+    if checkpoint is not None and not ended:
+        checkpoint.tick(t, saved, final=True)
+    return (*watch.result(*flat.split(v)), history)

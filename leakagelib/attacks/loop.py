@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..gradients import check_update
+from .checkpoint import LoopCheckpoint, fingerprint
 from .config import AttackConfig, Setting
 from .lbfgs import lbfgs_per_attack
 from .likelihoods import Likelihood
@@ -208,8 +209,13 @@ def _optimise(
     bounds: tuple[Tensor, Tensor] | None,
     callback: Callable[[int, Tensor], None] | None,
     progress: bool,
+    checkpoint: LoopCheckpoint | None,
 ) -> tuple[Tensor, Tensor, list[float]]:
-    """Run ``config.optimizer`` for ``config.steps`` steps, clamping into ``bounds`` with ``config.box``."""
+    """Run ``config.optimizer`` for ``config.steps`` steps, clamping into ``bounds`` with ``config.box``.
+
+    A ``checkpoint`` resumes Adam and the per-attack L-BFGS; the L-BFGS on the
+    summed objective (:func:`~.optimizers.lbfgs_loop`, torch's own) has none.
+    """
 
     def clamp(xv: Tensor) -> Tensor:
         return torch.maximum(torch.minimum(xv, bounds[1]), bounds[0]) if config.box else xv
@@ -220,10 +226,14 @@ def _optimise(
 
         steps = tqdm(steps, desc="attack", leave=False)
     if config.optimizer == "adam":
-        return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps, callback)
+        return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps, callback,
+                         checkpoint)  # fmt: skip
     if config.watched:  # per attack: its own L-BFGS, lr, stops and best iterate
         lrs = torch.tensor([s.lr for s in settings], device=x.device)
-        return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps, callback)
+        return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps, callback,
+                                checkpoint)  # fmt: skip
+    if checkpoint is not None:
+        raise ValueError("torch's L-BFGS on the summed objective cannot resume from a checkpoint")
     lr = settings[0].lr
     return lbfgs_loop(config, evaluate, x, z, lr, offsets.draw, clamp, steps, callback)
 
@@ -266,19 +276,19 @@ def run_attack(
     progress: bool = False,
     initial: Tensor | None = None,
     names: Sequence[str] | None = None,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> AttackResult:
     """Run ``H × N × R`` attacks in one batched program (see the module docstring).
 
     ``observed`` is a *stacked* update: every tensor has a leading dimension
     ``N`` (one shared update per attack). ``labels`` is ``N × num_images``
     (int64) or ``None`` with ``config.optimize_labels``. ``callback(step, x)``
-    is called after every step with the detached iterates ``H × N × R × n × ...``
-    (for per-step curves). ``likelihood`` may be a sequence with one
+    sees every step's detached iterates ``H × N × R × n × ...``. ``likelihood`` may be a sequence with one
     likelihood per setting, so that different attacks (Bayes, ℓ2, ℓ1, cosine)
     on the same updates run in one program; likewise ``prior``; ``names``
     names the settings in the result. ``initial`` (``N × n × input shape``)
-    replaces ``config.init`` with given starting points — R-GAP's output for
-    R-GAP → DLG (R-GAP paper §5). Prefer :func:`leakagelib.attacks.reconstruct`
+    replaces ``config.init`` (R-GAP → DLG, R-GAP paper §5); ``checkpoint``
+    saves and resumes the loop (:mod:`.checkpoint`). Prefer :func:`reconstruct`
     or a preset (:mod:`.presets`), which check the update and fill these in.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -296,7 +306,10 @@ def run_attack(
     lo_hi = None if bounds is None else tuple(b.to(device) for b in bounds)
     x, z = _start(config, shape, lo_hi, initial, num_classes, gen, device)
     offsets = _BallOffsets(config, shape, torch.Generator(device=device).manual_seed(seed))
-    x, z, history = _optimise(config, evaluate, x, z, settings, offsets, lo_hi, callback, progress)
+    if checkpoint is not None:  # the file belongs to this attack; it resumes the ball samples
+        checkpoint.bind(fingerprint([config, settings, shape, names], observed), [offsets.gen])
+    x, z, history = _optimise(config, evaluate, x, z, settings, offsets, lo_hi, callback,
+                              progress, checkpoint)  # fmt: skip
     final = torch.nan_to_num(evaluate(x, z, offsets.zero)[2], nan=float("inf"))
     images, objective, est_labels = _best_restart(x, z, final, config)
     return AttackResult(
@@ -304,6 +317,24 @@ def run_attack(
         all_objective=final.detach(), settings=settings, labels=est_labels, history=history,
         names=None if names is None else list(names),
     )  # fmt: skip
+
+
+def _checked_labels(
+    labels: Tensor | None, num_images: int | None, n_updates: int
+) -> tuple[Tensor | None, int]:
+    """``labels`` as ``N × n`` int64 and the inputs per update ``n``; a mismatch raises."""
+    if labels is not None:
+        labels = (labels.unsqueeze(1) if labels.dim() == 1 else labels).long()
+        if labels.dim() != 2 or labels.shape[0] != n_updates:
+            raise ValueError(
+                f"labels must be N × n or N with N = {n_updates} updates, got {tuple(labels.shape)}"
+            )
+        if num_images is not None and num_images != labels.shape[1]:
+            raise ValueError(f"num_images={num_images} disagrees with labels {tuple(labels.shape)}")
+        num_images = labels.shape[1]
+    if num_images is None or num_images < 1:
+        raise ValueError("give labels, or num_images with config.optimize_labels")
+    return labels, num_images
 
 
 def reconstruct(
@@ -325,6 +356,7 @@ def reconstruct(
     callback: Callable[[int, Tensor], None] | None = None,
     progress: bool = False,
     initial: Tensor | None = None,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> AttackResult:
     """Reconstruct the inputs behind the shared ``updates`` by maximising the log posterior.
 
@@ -344,24 +376,16 @@ def reconstruct(
       (:func:`image_bounds`), used by ``config.box`` and the uniform init.
     * ``initial``: given starting points ``N × n × input shape`` instead of
       ``config.init`` (R-GAP → DLG).
+    * ``checkpoint``: a :class:`~leakagelib.attacks.checkpoint.LoopCheckpoint`
+      that saves the loop now and then and resumes it after an interruption.
 
     Returns an :class:`AttackResult` in the model's input space.
     """
     n_updates = check_update(model, updates, stacked=True)
-    if labels is not None:
-        labels = (labels.unsqueeze(1) if labels.dim() == 1 else labels).long()
-        if labels.dim() != 2 or labels.shape[0] != n_updates:
-            raise ValueError(
-                f"labels must be N × n or N with N = {n_updates} updates, got {tuple(labels.shape)}"
-            )
-        if num_images is not None and num_images != labels.shape[1]:
-            raise ValueError(f"num_images={num_images} disagrees with labels {tuple(labels.shape)}")
-        num_images = labels.shape[1]
-    if num_images is None or num_images < 1:
-        raise ValueError("give labels, or num_images with config.optimize_labels")
+    labels, num_images = _checked_labels(labels, num_images, n_updates)
     return run_attack(
         model, updates, labels=labels, num_images=num_images, input_shape=tuple(input_shape),
         likelihood=likelihood, prior=prior, config=config or AttackConfig(), settings=settings,
         bounds=bounds, loss=loss, generator=generator, device=device, callback=callback,
-        progress=progress, initial=initial, names=names,
+        progress=progress, initial=initial, names=names, checkpoint=checkpoint,
     )  # fmt: skip

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
+from .checkpoint import LoopCheckpoint, remaining, restore
 from .config import AttackConfig, Setting
 from .control import Watch
 
@@ -106,6 +107,7 @@ def adam_loop(
     clamp: Callable[[Tensor], Tensor],
     steps: Iterable[int],
     callback: Callable[[int, Tensor], None] | None,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> tuple[Tensor, Tensor, list[float]]:
     """Element-wise Adam with a learning rate and schedule per setting.
 
@@ -114,14 +116,21 @@ def adam_loop(
     iterate) every attack has its own lr, stop flag and best iterate
     (:class:`~leakagelib.attacks.control.Watch`): a stopped attack's iterate
     no longer changes (its moments may, unread), and the loop ends early once
-    all have stopped.
+    all have stopped. A ``checkpoint`` (:mod:`.checkpoint`) resumes the loop.
     """
     lrs = torch.tensor([s.lr for s in settings], device=x.device)
     decays = torch.tensor([s.decay for s in settings], device=x.device)
-    moments = [(torch.zeros_like(t), torch.zeros_like(t)) for t in (x, z)]
+    (mx, vx), (mz, vz) = moments = [(torch.zeros_like(t), torch.zeros_like(t)) for t in (x, z)]
     watch = Watch(config, lrs.reshape(-1, 1, 1).expand(x.shape[:3])) if config.watched else None
-    history: list[float] = []
-    for t in steps:
+    start, ended, history = restore(checkpoint, dict(x=x, z=z, mx=mx, vx=vx, mz=mz, vz=vz),
+                                    {"watch": watch})  # fmt: skip
+
+    def state() -> dict:
+        return dict(x=x, z=z, mx=mx, vx=vx, mz=mz, vz=vz, history=history,
+                    watch=None if watch is None else watch.state_dict())  # fmt: skip
+
+    t = start - 1
+    for t in remaining(steps, start, ended):
         anneal = annealed(config, t, settings, x.device)
         if anneal is None:
             gx, gz, value = evaluate(x, z, draw())
@@ -139,10 +148,14 @@ def adam_loop(
         if watch is not None:
             x_new, z_new = watch.settle(value.detach(), (x, x_new), (z, z_new))
         x, z = x_new, z_new
+        if checkpoint is not None:
+            checkpoint.tick(t, state)
         if callback is not None:
             callback(t, x.detach())
         if watch is not None and watch.finished():
             break
+    if checkpoint is not None and not ended:
+        checkpoint.tick(t, state, final=True)
     return (x, z, history) if watch is None else (*watch.result(x, z), history)
 
 

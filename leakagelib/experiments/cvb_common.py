@@ -329,12 +329,15 @@ def run_attack(
     One generator (``ctx.generator(offset)``) draws the defense's noise and
     the attack's initialisation; torch's global generator, seeded with
     ``ctx.seed + offset``, the bottlenecks' noise. ``callback(step, iterates)``
-    sees every iterate. The model and the updates live on ``ctx.device``.
+    sees every iterate. The model and the updates live on ``ctx.device``. In a
+    command-line run the attack saves its loop every few minutes
+    (:meth:`~leakagelib.experiments.Context.checkpoint`).
     """
     generator = ctx.generator(offset)
     torch.manual_seed(ctx.seed + offset)
     case = build_case(model, *victims, defense=defense, generator=generator, device=ctx.device)
-    return case, case.attack(attack, generator=generator, callback=callback)
+    checkpoint = ctx.checkpoint()  # a paper-scale unit's attack resumes where it was killed
+    return case, case.attack(attack, generator=generator, callback=callback, checkpoint=checkpoint)
 
 
 def client_epsilon(settings: Settings, dp: DPSGD, n_train: int) -> float:

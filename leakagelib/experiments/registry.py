@@ -9,7 +9,7 @@ refines the record's account of which data stood for which dataset. Chapters cal
 book shows exactly what the command line computes.
 
 For a dataset replaced with ``--data`` the record says which of its images
-played which role (:func:`data_entry`): attacked images come from the
+played which role (:func:`.data_roles.data_entry`): attacked images come from the
 ``"test"`` split and training images from ``"train"``, which for an ``.npz``
 file are two disjoint parts of it (:func:`leakagelib.data.split_indices`).
 """
@@ -25,8 +25,10 @@ from typing import Any, TypeVar
 import torch
 
 from .. import data as _data
+from ..attacks.checkpoint import LoopCheckpoint
 from ..records import IMPORTED_COMMIT, jsonable, provenance
 from .config import EMPTY, ScaleConfig, Settings
+from .data_roles import data_entry
 from .resume import PartialRecord, unit_key, unit_seed
 from .work import WorkFn
 
@@ -34,10 +36,6 @@ T = TypeVar("T")
 K = TypeVar("K")
 
 SCALES = ("ci", "paper")
-
-#: Most image indices a record lists for one split of an overridden dataset; beyond that it
-#: gives their count and the selections that drew them (exact, see :func:`data_entry`).
-LISTED_INDICES = 300
 
 #: Embedded stand-ins used at ``--scale ci`` when no ``--data`` override is given:
 #: logical dataset → (embedded spec, dataset whose normalisation constants apply).
@@ -97,6 +95,7 @@ class Context:
     settings: ScaleConfig = EMPTY
     partial: PartialRecord | None = None
     uses: dict[str, dict[tuple[str, str], torch.Tensor]] = field(default_factory=dict, repr=False)
+    running: tuple[Any, list[LoopCheckpoint]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -186,6 +185,21 @@ class Context:
 
         yield from tqdm(iterable, desc=desc, total=total, initial=initial, leave=False)
 
+    def checkpoint(self) -> LoopCheckpoint | None:
+        """A checkpoint for the next attack of the unit being computed, in a command-line run.
+
+        :meth:`units` runs each unit; the k-th attack that a unit starts gets
+        the k-th checkpoint file of the unit (:meth:`.resume.PartialRecord.checkpoint`),
+        so an attack killed halfway resumes there, and a unit whose attack had
+        ended before it was killed does not attack again. ``None`` outside a
+        unit or without a partial record (a chapter's run).
+        """
+        if self.partial is None or self.running is None:
+            return None
+        key, handed = self.running
+        handed.append(self.partial.checkpoint(key, len(handed)))
+        return handed[-1]
+
     def units(
         self, keys: Iterable[K], compute: Callable[[K], list[dict[str, Any]]], desc: str
     ) -> list[dict[str, Any]]:
@@ -196,7 +210,8 @@ class Context:
         it; with a partial record (a command-line run) finished units are read
         back instead of recomputed, and every new one is saved as it finishes.
         The progress bar counts the finished units as done and shows an ETA
-        from the pace of the units computed in this run.
+        from the pace of the units computed in this run. An attack in a unit
+        may save its loop as it goes (:meth:`checkpoint`).
         """
         keys = list(keys)
         found = {unit_key(k): self.partial.get(k) for k in keys} if self.partial is not None else {}
@@ -204,41 +219,17 @@ class Context:
         left = [k for k in keys if unit_key(k) not in done]
         for key in self.track(left, desc, total=len(keys), initial=len(keys) - len(left)):
             torch.manual_seed(unit_seed(self.seed, key))
-            start = time.perf_counter()
+            start, self.running = time.perf_counter(), (key, [])
             rows = compute(key)
+            earlier = sum(c.earlier_s for c in self.running[1])  # resumed attacks' earlier time
+            self.running = None
             if self.partial is not None:
                 rows = jsonable(rows)
                 made = {"commit": IMPORTED_COMMIT, "device": self.device}
-                self.partial.add(key, rows, time.perf_counter() - start, len(keys), made=made)
+                seconds = time.perf_counter() - start + earlier
+                self.partial.add(key, rows, seconds, len(keys), made=made)
             done[unit_key(key)] = rows
         return [row for key in keys for row in done[unit_key(key)]]
-
-
-def data_entry(spec: str, uses: dict[tuple[str, str], torch.Tensor]) -> dict[str, Any]:
-    """What a record says of an overridden dataset: which of its images played which role.
-
-    ``{"spec": spec, "split_rule": ..., "test": {...}, "train": {...}}``: for
-    every split the run loaded (``"test"``: attacked images and test
-    accuracy; ``"train"``: training), the ``count`` of distinct images, the
-    ``selection`` formulas that drew them (:func:`leakagelib.data.dataset.formula`,
-    in source positions: the file's for an ``.npz``) and, when there are at
-    most :data:`LISTED_INDICES`, the sorted ``indices`` themselves.
-    ``split_rule`` (:data:`leakagelib.data.SPLIT_RULE`) defines the
-    ``split_indices`` of those formulas, for ``.npz`` files and embedded data.
-    """
-    entry: dict[str, Any] = {"spec": spec}
-    if spec.endswith(".npz") or spec in _data.EMBEDDED:
-        entry["split_rule"] = _data.SPLIT_RULE
-    for split in ("test", "train", "all"):
-        loads = {chosen: idx for (part, chosen), idx in uses.items() if part == split}
-        if not loads:
-            continue
-        union = torch.unique(torch.cat(list(loads.values())))
-        role: dict[str, Any] = {"count": int(union.numel()), "selection": sorted(loads)}
-        if union.numel() <= LISTED_INDICES:
-            role["indices"] = union.tolist()
-        entry[split] = role
-    return entry
 
 
 ExperimentFn = Callable[[Context], "list[dict[str, Any]] | dict[str, Any]"]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import records
+from ..attacks.checkpoint import LoopCheckpoint
 from ..records import write_json_atomically
 
 __all__ = [
@@ -44,6 +45,11 @@ __all__ = [
 def unit_key(key: Any) -> str:
     """A unit's key as the JSON text the partial record stores it under."""
     return json.dumps(key, sort_keys=True)
+
+
+def _unit_digest(key: Any) -> str:
+    """A unit's key as a short file name (its checkpoints' prefix)."""
+    return hashlib.sha256(unit_key(key).encode()).hexdigest()[:16]
 
 
 def unit_seed(seed: int, key: Any) -> int:
@@ -141,6 +147,14 @@ class PartialRecord:
         """The rows of a finished unit, or ``None``."""
         return self.units.get(unit_key(key))
 
+    def checkpoint(self, key: Any, index: int) -> LoopCheckpoint:
+        """The checkpoint of the ``index``-th attack of unit ``key``: a file in ``PATH.attacks/``
+        beside this partial record (``results/ID.json.partial.attacks/``), deleted by :meth:`add`."""
+        return LoopCheckpoint(self._attacks_dir() / f"{_unit_digest(key)}-{index}.pt")
+
+    def _attacks_dir(self) -> Path:
+        return self.path.with_name(self.path.name + ".attacks")
+
     def add(
         self,
         key: Any,
@@ -161,6 +175,11 @@ class PartialRecord:
         self.total = int(total)
         saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
         write_json_atomically({**saved, "made": self.made, "units": self.units}, self.path)
+        folder = self._attacks_dir()  # the unit's attack checkpoints are no longer needed
+        for path in folder.glob(f"{_unit_digest(key)}-*.pt"):
+            path.unlink()
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
     def provenance(self) -> dict[str, Any]:
         """The units' part of a final record's provenance.

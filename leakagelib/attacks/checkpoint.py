@@ -1,0 +1,156 @@
+"""Checkpoints of a running attack loop: a long attack killed halfway resumes where it was.
+
+A paper-scale unit of the CVB tables is one attack of 20,000 Inverting
+Gradients iterations (or 2,000 L-BFGS steps) on 128 victims: on this
+project's CPU an hour or more, on a lent GPU more than one command may run.
+Killed before its end (a session that closes, a command's time limit), the
+unit was lost whole. With a :class:`LoopCheckpoint` the optimiser writes its
+whole state every ``every_s`` seconds — the step, the iterates, Adam's
+moments or each attack's L-BFGS history, the per-attack control of
+:class:`~leakagelib.attacks.control.Watch` (learning rates, counters, stop
+flags, best iterates), the per-step objective so far, and the random number
+generators the loop draws from (the Monte-Carlo ball samples and torch's
+global generator, from which a variational bottleneck draws its noise) — and
+a new run of the same attack continues from it. The resumed attack then ends
+exactly where the uninterrupted one would have (``tests/test_attack_checkpoint.py``);
+only ``callback`` misses the steps run before the interruption.
+
+The file belongs to one attack: a fingerprint of the loop's config, the
+settings, the batch's shape and the observed updates is stored with it, and a
+checkpoint of another attack is refused by name. Files are written
+atomically and read with ``weights_only=True``.
+:meth:`leakagelib.experiments.Context.checkpoint` gives one to every attack of
+a paper-scale unit run from the command line (``reproduce --out``), beside
+its partial record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["CHECKPOINT_EVERY_S", "LoopCheckpoint", "fingerprint", "remaining", "restore"]
+
+#: Seconds between two checkpoints of a running attack: at most this much work is lost.
+CHECKPOINT_EVERY_S = 300.0
+
+
+def fingerprint(parts: Sequence[Any], observed: Mapping[str, Tensor]) -> str:
+    """A digest of an attack: the ``repr`` of ``parts`` (config, settings, shape) and, for every
+    tensor of ``observed``, its name, shape, sum and sum of squares (float64)."""
+    digest = hashlib.sha256("|".join(map(repr, parts)).encode())
+    for name in sorted(observed):
+        t = observed[name].detach().double()
+        digest.update(
+            f"{name}:{tuple(t.shape)}:{float(t.sum())!r}:{float(t.square().sum())!r}".encode()
+        )
+    return digest.hexdigest()
+
+
+class LoopCheckpoint:
+    """The checkpoint file ``path`` of one attack loop, saved at most every ``every_s`` seconds
+    (default :data:`CHECKPOINT_EVERY_S`).
+
+    :func:`leakagelib.attacks.loop.run_attack` calls :meth:`bind` with the
+    attack's fingerprint and its ball-sample generator; the optimisers
+    (:func:`~leakagelib.attacks.optimizers.adam_loop`,
+    :func:`~leakagelib.attacks.lbfgs.lbfgs_per_attack`) call :meth:`load`
+    before their first step, :meth:`tick` after every step and once more,
+    with ``final=True``, after their last: a run that finds a final state
+    returns it without a step (a unit killed after its attack, while training,
+    keeps the attack). :meth:`clear` deletes the file.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, every_s: float | None = None) -> None:
+        self.path = Path(path)
+        self.every_s = CHECKPOINT_EVERY_S if every_s is None else every_s
+        self.key = ""
+        self.generators: list[torch.Generator] = []
+        self.saved_at = self.started = time.monotonic()
+        #: Seconds the loop ran in earlier processes, up to the state :meth:`load` found.
+        self.earlier_s = 0.0
+
+    def bind(self, key: str, generators: Sequence[torch.Generator]) -> None:
+        """Tie the file to the attack ``key`` (:func:`fingerprint`) and the generators it draws from."""
+        self.key, self.generators = key, list(generators)
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved loop state (``step``: the next step to run), with the generators restored;
+        ``None`` when there is no file. A file of another attack raises, naming it."""
+        if not self.path.exists():
+            return None
+        saved = torch.load(self.path, map_location="cpu", weights_only=True)
+        if saved.get("key") != self.key:
+            raise ValueError(
+                f"{self.path} is the checkpoint of another attack (its config, batch or updates "
+                "differ); delete it to start this attack afresh"
+            )
+        torch.set_rng_state(saved["torch_rng"])
+        if torch.cuda.is_available() and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"])
+        for gen, state in zip(self.generators, saved["generators"], strict=True):
+            gen.set_state(state)
+        self.saved_at = self.started = time.monotonic()
+        self.earlier_s = float(saved["seconds"])
+        return saved["loop"]
+
+    def tick(self, step: int, state: Callable[[], dict[str, Any]], *, final: bool = False) -> None:
+        """After ``step``: save ``state()`` (the loop's; ``step + 1`` is the next to run) when
+        due, or at once with ``final`` (the loop has ended: ``finished`` is saved with it)."""
+        if not final and time.monotonic() - self.saved_at < self.every_s:
+            return
+        loop = {**state(), "step": step + 1, "finished": final}
+        saved = {
+            "key": self.key,
+            "loop": loop,
+            "seconds": self.earlier_s + time.monotonic() - self.started,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "generators": [gen.get_state() for gen in self.generators],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        torch.save(saved, tmp)
+        os.replace(tmp, self.path)
+        self.saved_at = time.monotonic()
+
+    def clear(self) -> None:
+        """Delete the file (the attack has finished)."""
+        self.path.unlink(missing_ok=True)
+
+
+def restore(
+    checkpoint: LoopCheckpoint | None, tensors: Mapping[str, Tensor], parts: Mapping[str, Any]
+) -> tuple[int, bool, list[float]]:
+    """Bring a loop back to its saved state, if ``checkpoint`` holds one.
+
+    ``tensors`` are the loop's tensors, overwritten in place by the saved
+    ones of the same name; ``parts`` are objects with ``load_state_dict``
+    (:class:`~leakagelib.attacks.control.Watch`, the L-BFGS history) or
+    ``None``. Returns the step to run next, whether the loop had ended, and
+    the per-step objective so far (``0, False, []`` without a saved state).
+    """
+    saved = None if checkpoint is None else checkpoint.load()
+    if saved is None:
+        return 0, False, []
+    for name, tensor in tensors.items():
+        tensor.copy_(saved[name])
+    for name, part in parts.items():
+        if part is not None:
+            part.load_state_dict(saved[name])
+    return int(saved["step"]), bool(saved["finished"]), list(saved["history"])
+
+
+def remaining(steps: Iterable[int], start: int, ended: bool) -> Iterator[int]:
+    """The steps of ``steps`` still to run after :func:`restore`: from ``start`` on, none if
+    the loop had ended (a progress bar wrapping ``steps`` still counts the skipped ones)."""
+    if ended:
+        return
+    yield from (t for t in steps if t >= start)

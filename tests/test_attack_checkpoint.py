@@ -1,0 +1,120 @@
+"""An attack killed halfway and resumed from its checkpoint ends exactly where the uninterrupted
+attack ends (Adam with the plateau schedule and ball samples, L-BFGS per attack, a CVB network
+that draws noise in every forward pass), and a paper-scale unit keeps its attacks' checkpoints
+beside its partial record until the unit is saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leakagelib.attacks import AttackConfig, Gaussian, Uniform, reconstruct
+from leakagelib.attacks.checkpoint import LoopCheckpoint
+from leakagelib.experiments import cvb_analysis
+from leakagelib.experiments.cvb_common import (
+    CVB_DEFAULT,
+    attack_layers,
+    cnn,
+    cvb_attack,
+    run_attack,
+)
+from leakagelib.experiments.registry import Context
+from leakagelib.experiments.resume import PartialRecord
+from leakagelib.gradients import per_sample_updates
+
+
+class Killed(Exception):
+    """Stands for the end of a session or a command's time limit."""
+
+
+def _stop_at(step: int | None):
+    def callback(t: int, _x: torch.Tensor) -> None:
+        if t == step:
+            raise Killed
+
+    return callback
+
+
+def _tiny(config: AttackConfig, checkpoint=None, callback=None):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(9, 6), torch.nn.Sigmoid(),
+                              torch.nn.Linear(6, 4))  # fmt: skip
+    x = torch.rand(3, 1, 3, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(3) % 4
+    return reconstruct(
+        net, per_sample_updates(net, x, y), labels=y, likelihood=Gaussian(2**-0.5),
+        prior=Uniform(), config=config, input_shape=(1, 3, 3),
+        generator=torch.Generator().manual_seed(5), callback=callback, checkpoint=checkpoint,
+    )  # fmt: skip
+
+
+CONFIGS = {
+    "adam, plateau, best iterate, ball samples": AttackConfig(
+        steps=40, optimizer="adam", lr=0.3, schedule="plateau", decay=0.5, plateau_patience=2,
+        stop_patience=15, keep_best=True, mc_samples=2, delta=0.05, beta=0.0,
+    ),
+    "L-BFGS per attack": AttackConfig(
+        steps=12, optimizer="lbfgs", lr=0.5, schedule="plateau", decay=0.1, plateau_patience=2,
+        stop_patience=6, keep_best=True, lbfgs_iterations=4, beta=0.0,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_killed_attack_resumed_from_its_checkpoint_ends_as_the_uninterrupted_one(name, tmp_path):
+    config = CONFIGS[name]
+    whole = _tiny(config)
+    path = tmp_path / "attack.pt"
+    with pytest.raises(Killed):
+        _tiny(config, LoopCheckpoint(path, every_s=0), _stop_at(5))
+    assert path.exists()
+    seen: list[int] = []
+    resumed = _tiny(config, LoopCheckpoint(path, every_s=0), lambda t, _x: seen.append(t))
+    assert seen[0] == 6  # it went on after the last step the killed run saved
+    assert torch.equal(resumed.images, whole.images)
+    assert torch.equal(resumed.objective, whole.objective)
+    assert resumed.history == whole.history
+    again: list[int] = []  # a finished attack's checkpoint: the result, without a step
+    final = _tiny(config, LoopCheckpoint(path, every_s=0), lambda t, _x: again.append(t))
+    assert again == [] and torch.equal(final.images, whole.images)
+
+
+def test_a_checkpoint_of_another_attack_is_refused(tmp_path):
+    config = CONFIGS["L-BFGS per attack"]
+    path = tmp_path / "attack.pt"
+    _tiny(config, LoopCheckpoint(path, every_s=0))
+    with pytest.raises(ValueError, match="checkpoint of another attack"):
+        _tiny(config.with_(lr=0.25), LoopCheckpoint(path, every_s=0))
+
+
+def _cvb_unit(ctx: Context, stop: int | None) -> list[dict]:
+    """Inverting Gradients against the CNN with CVB (its noise comes from torch's global
+    generator) on two MNIST stand-ins, as Table III's units run it."""
+    model = cnn(CVB_DEFAULT, seed=ctx.seed)
+    attack = cvb_attack("inverting-gradients", ctx.config, include=attack_layers(model), steps=10)
+    victims = cvb_analysis.victims("mnist", 2)
+    _, result = run_attack(ctx, model, victims, attack, callback=_stop_at(stop))
+    return [{"images": result.images.flatten().tolist(), "history": result.history}]
+
+
+def test_a_unit_killed_in_its_attack_resumes_it_and_drops_the_checkpoint_when_saved(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr("leakagelib.attacks.checkpoint.CHECKPOINT_EVERY_S", 0.0)
+    whole = Context(progress=False, settings=cvb_analysis.PROTOCOL)
+    [expected] = whole.units([("cvb", "ig")], lambda key: _cvb_unit(whole, None), "unit")
+
+    def ctx() -> Context:
+        partial = PartialRecord(tmp_path / "r.json.partial", {"experiment": "t"}, resume=True)
+        return Context(progress=False, settings=cvb_analysis.PROTOCOL, partial=partial)
+
+    first = ctx()
+    with pytest.raises(Killed):
+        first.units([("cvb", "ig")], lambda key: _cvb_unit(first, 4), "unit")
+    folder = tmp_path / "r.json.partial.attacks"
+    assert len(list(folder.glob("*-0.pt"))) == 1  # the unit's first attack, saved as it ran
+    second = ctx()
+    [resumed] = second.units([("cvb", "ig")], lambda key: _cvb_unit(second, None), "unit")
+    assert resumed == expected
+    assert not folder.exists()  # the unit is in the partial record: its checkpoint is gone
+    assert second.partial.seconds[next(iter(second.partial.seconds))] > 0
