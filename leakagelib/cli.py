@@ -17,10 +17,14 @@ with an estimate of each unfinished experiment's time on this device
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import data, models
@@ -299,19 +303,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _graceful_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT let a running attack save its checkpoint before the run stops
+    (:func:`leakagelib.attacks.checkpoint.stop_gracefully`); the handlers are restored after."""
+    from .attacks.checkpoint import stop_gracefully
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.signal(signum, stop_gracefully) for signum in (SIGTERM, SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input, 130 when interrupted)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        with _graceful_signals():
+            return args.fn(args)
     except (KeyError, ValueError, FileNotFoundError, RuntimeError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
-            "interrupted: no record written; finished units stay in OUT.partial "
-            "(rerun with --resume to continue)",
+            "interrupted: no record written; finished units stay in OUT.partial, and a unit's "
+            "attack under way in OUT.partial.attacks/ (rerun with --resume to continue)",
             file=sys.stderr,
         )
         return 130

@@ -5,11 +5,15 @@ beside its partial record until the unit is saved."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
 
 from leakagelib.attacks import AttackConfig, Gaussian, Uniform, reconstruct
 from leakagelib.attacks.checkpoint import LoopCheckpoint
+from leakagelib.cli import _graceful_signals
 from leakagelib.experiments import cvb_analysis
 from leakagelib.experiments.cvb_common import (
     CVB_DEFAULT,
@@ -118,3 +122,24 @@ def test_a_unit_killed_in_its_attack_resumes_it_and_drops_the_checkpoint_when_sa
     assert resumed == expected
     assert not folder.exists()  # the unit is in the partial record: its checkpoint is gone
     assert second.partial.seconds[next(iter(second.partial.seconds))] > 0
+
+
+def test_a_signal_lets_the_running_attack_save_its_step_and_stop(tmp_path):
+    """SIGTERM (``timeout`` on a lent GPU) under the command line's handlers: the attack
+    saves at the end of its step and stops; resumed, it ends as the uninterrupted one."""
+    config = CONFIGS["adam, plateau, best iterate, ball samples"]
+    whole = _tiny(config)
+    path = tmp_path / "attack.pt"
+
+    def signal_at_3(t: int, _x: torch.Tensor) -> None:
+        if t == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with _graceful_signals(), pytest.raises(KeyboardInterrupt, match="stopped after step 4"):
+        _tiny(config, LoopCheckpoint(path), signal_at_3)  # saves only when asked to
+    seen: list[int] = []
+    resumed = _tiny(config, LoopCheckpoint(path), lambda t, _x: seen.append(t))
+    assert seen[0] == 5 and torch.equal(resumed.images, whole.images)
+    assert resumed.history == whole.history
+    with _graceful_signals(), pytest.raises(KeyboardInterrupt):  # no attack running: at once
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -15,6 +15,10 @@ a new run of the same attack continues from it. The resumed attack then ends
 exactly where the uninterrupted one would have (``tests/test_attack_checkpoint.py``);
 only ``callback`` misses the steps run before the interruption.
 
+Stopped by a signal (``timeout`` on a lent GPU sends SIGTERM; Ctrl-C sends
+SIGINT), the command line's handler :func:`stop_gracefully` lets a running
+attack finish its step, save, and stop; outside an attack it stops at once.
+
 The file belongs to one attack: a fingerprint of the loop's config, the
 settings, the batch's shape and the observed updates is stored with it, and a
 checkpoint of another attack is refused by name. Files are written
@@ -31,15 +35,36 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["CHECKPOINT_EVERY_S", "LoopCheckpoint", "fingerprint", "remaining", "restore"]
+__all__ = [
+    "CHECKPOINT_EVERY_S",
+    "LoopCheckpoint",
+    "fingerprint",
+    "remaining",
+    "restore",
+    "stop_gracefully",
+]
 
 #: Seconds between two checkpoints of a running attack: at most this much work is lost.
 CHECKPOINT_EVERY_S = 300.0
+
+#: How many attack loops with a checkpoint are running, and whether a signal asked them to stop.
+_LOOPS = {"running": 0, "stop": False}
+
+
+def stop_gracefully(signum: int, frame: FrameType | None) -> None:
+    """A signal handler (``reproduce`` and ``campaign`` install it for SIGTERM and SIGINT): a
+    running attack saves at the end of its step and stops (:meth:`LoopCheckpoint.tick`);
+    without one, or at a second signal, the run stops at once (``KeyboardInterrupt``)."""
+    if _LOOPS["running"] and not _LOOPS["stop"]:
+        _LOOPS["stop"] = True
+        return
+    raise KeyboardInterrupt
 
 
 def fingerprint(parts: Sequence[Any], observed: Mapping[str, Tensor]) -> str:
@@ -77,6 +102,14 @@ class LoopCheckpoint:
         #: Seconds the loop ran in earlier processes, up to the state :meth:`load` found.
         self.earlier_s = 0.0
 
+    def __enter__(self) -> LoopCheckpoint:
+        """The loop is running: a signal now lets it save first (:func:`stop_gracefully`)."""
+        _LOOPS["running"] += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _LOOPS["running"] -= 1
+
     def bind(self, key: str, generators: Sequence[torch.Generator]) -> None:
         """Tie the file to the attack ``key`` (:func:`fingerprint`) and the generators it draws from."""
         self.key, self.generators = key, list(generators)
@@ -103,8 +136,10 @@ class LoopCheckpoint:
 
     def tick(self, step: int, state: Callable[[], dict[str, Any]], *, final: bool = False) -> None:
         """After ``step``: save ``state()`` (the loop's; ``step + 1`` is the next to run) when
-        due, or at once with ``final`` (the loop has ended: ``finished`` is saved with it)."""
-        if not final and time.monotonic() - self.saved_at < self.every_s:
+        due, or at once with ``final`` (the loop has ended: ``finished`` is saved with it) or
+        when a signal asked the run to stop, which it then does (``KeyboardInterrupt``)."""
+        stop = _LOOPS["stop"] and not final
+        if not (final or stop) and time.monotonic() - self.saved_at < self.every_s:
             return
         loop = {**state(), "step": step + 1, "finished": final}
         saved = {
@@ -120,6 +155,11 @@ class LoopCheckpoint:
         torch.save(saved, tmp)
         os.replace(tmp, self.path)
         self.saved_at = time.monotonic()
+        if stop:
+            _LOOPS["stop"] = False
+            raise KeyboardInterrupt(
+                f"stopped after step {step}; the attack is saved in {self.path}"
+            )
 
     def clear(self) -> None:
         """Delete the file (the attack has finished)."""

@@ -205,6 +205,12 @@ class AttackConfig:
             or self.keep_best
         )
 
+    @property
+    def resumable(self) -> bool:
+        """Whether the loop can resume from a checkpoint (:mod:`.checkpoint`): Adam, or L-BFGS
+        per attack; torch's own L-BFGS on the summed objective cannot."""
+        return self.optimizer == "adam" or self.watched
+
     def setting(self) -> Setting:
         """This configuration's own hyper-parameters as a :class:`Setting`."""
         return Setting(self.lr, self.decay, self.beta, self.weighting)

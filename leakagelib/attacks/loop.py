@@ -26,7 +26,8 @@ lowest final objective — what an attacker who cannot see the input would pick.
 The pieces live in small modules: the hyper-parameters in :mod:`leakagelib.attacks.config`,
 the batched objective in :mod:`.objective`, Adam and L-BFGS in
 :mod:`.optimizers`, the returned :class:`~leakagelib.attacks.result.AttackResult`
-in :mod:`.result`. This module draws the starting points and ball samples,
+in :mod:`.result`, the ball samples in :mod:`.ball`, saving and resuming a loop in
+:mod:`.checkpoint`. This module draws the starting points,
 runs one of the optimisers and keeps the best restart (:func:`run_attack`);
 :func:`reconstruct` is its checked public entry, which every preset calls.
 
@@ -38,11 +39,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
 
 from ..gradients import check_update
+from .ball import BallOffsets, sample_ball
 from .checkpoint import LoopCheckpoint, fingerprint
 from .config import AttackConfig, Setting
 from .lbfgs import lbfgs_per_attack
@@ -62,25 +65,6 @@ def image_bounds(mean: Sequence[float], std: Sequence[float]) -> tuple[Tensor, T
     m = torch.as_tensor(list(mean), dtype=torch.float32).reshape(-1, 1, 1)
     s = torch.as_tensor(list(std), dtype=torch.float32).reshape(-1, 1, 1)
     return (0.0 - m) / s, (1.0 - m) / s
-
-
-def sample_ball(
-    shape: tuple[int, ...],
-    d: int,
-    delta: float,
-    gen: torch.Generator | None = None,
-    device: str | torch.device = "cpu",
-) -> Tensor:
-    """Uniform samples in the ℓ2 ball of radius ``delta`` in R^d; ``shape`` ends in the d dims.
-
-    A uniform direction (a normalised Gaussian) times a radius ``δ·U^(1/d)``:
-    Algorithm 1's "sample x₁..x_k uniformly from B(x, δ)".
-    """
-    lead = shape[: len(shape) - 1]
-    z = torch.randn((*lead, d), generator=gen, device=device)
-    z = z / z.norm(dim=-1, keepdim=True)
-    r = delta * torch.rand((*lead, 1), generator=gen, device=device) ** (1.0 / d)
-    return z * r
 
 
 def _initial(
@@ -177,35 +161,13 @@ def _start(
     return x, z.expand(H, N, R, n, num_classes).clone()
 
 
-class _BallOffsets:
-    """Algorithm 1's ball samples: ``H × N × R × k × n × input`` offsets per step.
-
-    All settings see the same samples (common random numbers); ``zero`` is
-    the ball's centre, where the final objective is evaluated.
-    """
-
-    def __init__(self, config: AttackConfig, shape: tuple[int, ...], gen: torch.Generator) -> None:
-        H, N, R, n, *input_shape = shape
-        self.config, self.gen, self.shape = config, gen, shape
-        self.zero = torch.zeros((H, N, R, 1, n, *input_shape), device=gen.device)
-
-    def draw(self) -> Tensor:
-        H, N, R, n, *input_shape = self.shape
-        k, delta = self.config.mc_samples, self.config.delta
-        if delta == 0.0:
-            return self.zero if k == 1 else self.zero.expand(H, N, R, k, n, *input_shape)
-        d_in = n * math.prod(input_shape)
-        flat = sample_ball((1, N, R, k, d_in), d_in, delta, self.gen, self.gen.device)
-        return flat.reshape(1, N, R, k, n, *input_shape).expand(H, N, R, k, n, *input_shape)
-
-
 def _optimise(
     config: AttackConfig,
     evaluate: Evaluate,
     x: Tensor,
     z: Tensor,
     settings: list[Setting],
-    offsets: _BallOffsets,
+    offsets: BallOffsets,
     bounds: tuple[Tensor, Tensor] | None,
     callback: Callable[[int, Tensor], None] | None,
     progress: bool,
@@ -220,11 +182,31 @@ def _optimise(
     def clamp(xv: Tensor) -> Tensor:
         return torch.maximum(torch.minimum(xv, bounds[1]), bounds[0]) if config.box else xv
 
+    if checkpoint is not None and not config.resumable:
+        raise ValueError("torch's L-BFGS on the summed objective cannot resume from a checkpoint")
     steps: Iterable[int] = range(config.steps)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="attack", leave=False)
+    with checkpoint if checkpoint is not None else nullcontext():  # a signal lets it save first
+        return _run_optimiser(config, evaluate, x, z, settings, offsets, clamp, steps, callback,
+                              checkpoint)  # fmt: skip
+
+
+def _run_optimiser(
+    config: AttackConfig,
+    evaluate: Evaluate,
+    x: Tensor,
+    z: Tensor,
+    settings: list[Setting],
+    offsets: BallOffsets,
+    clamp: Callable[[Tensor], Tensor],
+    steps: Iterable[int],
+    callback: Callable[[int, Tensor], None] | None,
+    checkpoint: LoopCheckpoint | None,
+) -> tuple[Tensor, Tensor, list[float]]:
+    """:func:`_optimise`'s dispatch to Adam, L-BFGS per attack or torch's L-BFGS."""
     if config.optimizer == "adam":
         return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps, callback,
                          checkpoint)  # fmt: skip
@@ -232,8 +214,6 @@ def _optimise(
         lrs = torch.tensor([s.lr for s in settings], device=x.device)
         return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps, callback,
                                 checkpoint)  # fmt: skip
-    if checkpoint is not None:
-        raise ValueError("torch's L-BFGS on the summed objective cannot resume from a checkpoint")
     lr = settings[0].lr
     return lbfgs_loop(config, evaluate, x, z, lr, offsets.draw, clamp, steps, callback)
 
@@ -305,7 +285,7 @@ def run_attack(
     )  # fmt: skip
     lo_hi = None if bounds is None else tuple(b.to(device) for b in bounds)
     x, z = _start(config, shape, lo_hi, initial, num_classes, gen, device)
-    offsets = _BallOffsets(config, shape, torch.Generator(device=device).manual_seed(seed))
+    offsets = BallOffsets(config, shape, torch.Generator(device=device).manual_seed(seed))
     if checkpoint is not None:  # the file belongs to this attack; it resumes the ball samples
         checkpoint.bind(fingerprint([config, settings, shape, names], observed), [offsets.gen])
     x, z, history = _optimise(config, evaluate, x, z, settings, offsets, lo_hi, callback,

@@ -336,7 +336,8 @@ def run_attack(
     generator = ctx.generator(offset)
     torch.manual_seed(ctx.seed + offset)
     case = build_case(model, *victims, defense=defense, generator=generator, device=ctx.device)
-    checkpoint = ctx.checkpoint()  # a paper-scale unit's attack resumes where it was killed
+    # a paper-scale unit's attack resumes where it was killed
+    checkpoint = ctx.checkpoint() if attack.config.resumable else None
     return case, case.attack(attack, generator=generator, callback=callback, checkpoint=checkpoint)
 
 
