@@ -176,7 +176,10 @@ def _plan_line(
     if partial_path.exists():  # beside a finished record: a re-run that will replace it
         partial = PartialRecord.read(partial_path)
         rerun = "re-run " if out.exists() else ""
-        head = f"{exp_id:28s} {rerun}partial: {len(partial.units)} of {partial.total} units, "
+        changed = "".join(f"{item}, " for item in _partial_changes(out))
+        head = (
+            f"{exp_id:28s} {rerun}partial: {len(partial.units)} of {partial.total} units, {changed}"
+        )
         eta = partial.estimate(args.device)
         if eta is not None:
             return "partial", head + f"about {format_duration(eta)} left at the pace so far", eta
@@ -191,6 +194,17 @@ def _plan_line(
     if found is None:
         return "to run", f"{exp_id:28s} to run (no estimate: it declares no work)", None
     return "to run", f"{exp_id:28s} to run, {found.describe()}", found.seconds
+
+
+def _partial_changes(out: Path) -> list[str]:
+    """The ``--set NAME=VALUE`` items of the run that wrote ``out``'s partial record (none
+    without one), so that the campaign resumes it as that run (``victims_at`` for Table III
+    on the CIFAR-10 sample) instead of refusing it as another run's."""
+    from .experiments.resume import PartialRecord
+
+    path = out.with_name(out.name + ".partial")
+    changes = PartialRecord.read(path).identity.get("changes", {}) if path.exists() else {}
+    return [f"{name}={value!r}" for name, value in changes.items()]
 
 
 def _cmd_campaign(args: argparse.Namespace) -> int:
@@ -230,9 +244,9 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
         if status == "done":
             continue
         print(f"\n== {exp_id} ({args.scale}, {args.device})")
-        run_args = argparse.Namespace(
-            **{**vars(args), "id": exp_id, "data": data[exp_id], "resume": True}
-        )
+        changes = _partial_changes(out)  # a partial record resumes with its run's --set
+        run_args = argparse.Namespace(**{**vars(args), "id": exp_id, "data": data[exp_id],
+                                         "resume": True, "set": changes})  # fmt: skip
         run_to_record(run_args, out)
     return 0
 

@@ -92,3 +92,20 @@ def test_a_partial_record_beside_a_finished_one_is_a_rerun_that_replaces_it(tiny
     assert len(trained) == 1, "the re-run's unfinished unit ran, not the whole experiment"
     assert not partial.exists()
     assert read_record(results / old.name)["provenance"]["resumed"] is True
+
+
+def test_a_campaign_resumes_a_partial_record_as_the_run_that_made_it(tiny, tmp_path, capsys):
+    """A partial record made with ``reproduce --set`` (Table III's victims_at on the CIFAR-10
+    sample) resumes in a campaign with the same changes, not refused as another run's."""
+    trained, armed = tiny
+    armed["stop"] = True
+    out = tmp_path / record_filename(IDS[1])
+    argv = ["reproduce", IDS[1], "--quiet", "--set", "victims=1", "--out", str(out)]
+    assert main(argv) == 130
+    armed["stop"] = False
+    trained.clear()
+    capsys.readouterr()
+    assert main(["campaign", "--only", IDS[1], "--quiet", "--results", str(tmp_path)]) == 0
+    assert "partial: 1 of 2 units, victims=1, " in capsys.readouterr().out
+    assert len(trained) == 1, "only the unfinished unit ran"
+    assert read_record(out)["settings_changed"]["victims"]["used"] == 1
