@@ -28,7 +28,16 @@ from signal import SIGINT, SIGTERM
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import data, models
-from .cli_checks import MAX_SEED, UsageError, campaign_data, check_data, check_device, check_out
+from .cli_checks import (
+    MAX_SEED,
+    UsageError,
+    campaign_changes,
+    campaign_data,
+    check_data,
+    check_device,
+    check_out,
+    checked_changes,
+)
 from .records import record_filename, run_seconds, write_record
 from .reporting import format_table
 
@@ -76,24 +85,7 @@ def _checked_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def _checked_changes(args: argparse.Namespace) -> dict[str, Any]:
     """``reproduce --set NAME=VALUE`` as ``{NAME: value}``, each checked against the config."""
-    import ast
-
-    from . import experiments
-
-    changes = {}
-    for item in getattr(args, "set", None) or []:
-        name, sep, text = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set {item}: expected NAME=VALUE, e.g. --set victims=16")
-        try:
-            changes[name.strip()] = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            raise UsageError(
-                f"--set {item}: VALUE must be a Python literal (a number, True or False, a "
-                "quoted string, a tuple or None), e.g. --set victims=16"
-            ) from None
-    experiments.get(args.id).config.changed(args.scale, changes)  # names and kinds, before work
-    return changes
+    return checked_changes(args.id, args.scale, getattr(args, "set", None) or [])
 
 
 def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], changes: dict):
@@ -223,6 +215,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     for exp_id in ids:
         experiments.get(exp_id)
     data = campaign_data(ids, args.data or [])
+    sets = campaign_changes(ids, args.scale, args.set or [])
     check_device(args.device)
     estimator = Estimator(args.device)
     plan, seconds = [], []
@@ -244,7 +237,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
         if status == "done":
             continue
         print(f"\n== {exp_id} ({args.scale}, {args.device})")
-        changes = _partial_changes(out)  # a partial record resumes with its run's --set
+        changes = sets[exp_id] or _partial_changes(out)  # a partial resumes with its run's
         run_args = argparse.Namespace(**{**vars(args), "id": exp_id, "data": data[exp_id],
                                          "resume": True, "set": changes})  # fmt: skip
         run_to_record(run_args, out)
@@ -310,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every experiment (or --only some) into --results, skipping finished ones",
     )
     camp.add_argument("--only", nargs="+", metavar="ID", help="these experiments, in this order")
+    camp.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="change a setting of each experiment that has it, e.g. victims_at={'cifar10': 32} "
+        "(repeatable; a partial record otherwise resumes with its own run's changes)",
+    )
     camp.add_argument(
         "--results", default="results", help="folder of the records (default: results)"
     )

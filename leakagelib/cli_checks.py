@@ -7,10 +7,12 @@ reliability checks; tests/test_cli.py holds one test per kind of bad input).
 
 from __future__ import annotations
 
+import ast
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 class UsageError(ValueError):
@@ -128,3 +130,52 @@ def campaign_data(ids: Sequence[str], items: Sequence[str]) -> dict[str, list[st
         exp_id: [f"{k}={v}" for k, v in given.items() if k in experiments.get(exp_id).datasets]
         for exp_id in ids
     }
+
+
+def _parsed_changes(items: Sequence[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` items as ``{NAME: value}`` (VALUE a Python literal)."""
+    changes = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set {item}: expected NAME=VALUE, e.g. --set victims=16")
+        try:
+            changes[name.strip()] = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            raise UsageError(
+                f"--set {item}: VALUE must be a Python literal (a number, True or False, a "
+                "quoted string, a tuple or None), e.g. --set victims=16"
+            ) from None
+    return changes
+
+
+def checked_changes(exp_id: str, scale: str, items: Sequence[str]) -> dict[str, Any]:
+    """``reproduce --set`` items as ``{NAME: value}``, each a setting of ``exp_id``'s config of
+    the value's kind (:meth:`leakagelib.experiments.ScaleConfig.changed` raises, naming it)."""
+    from . import experiments
+
+    changes = _parsed_changes(items)
+    experiments.get(exp_id).config.changed(scale, changes)  # names and kinds, before work
+    return changes
+
+
+def campaign_changes(ids: Sequence[str], scale: str, items: Sequence[str]) -> dict[str, list[str]]:
+    """Each campaign experiment's share of ``--set``, checked once before any work.
+
+    As with ``--data`` (:func:`campaign_data`), a name must be a setting of
+    some experiment of the campaign, and each experiment gets the items that
+    name its own settings, checked against its config.
+    """
+    from . import experiments
+
+    changes = _parsed_changes(items)
+    settings = {exp_id: set(experiments.get(exp_id).config.at(scale)) for exp_id in ids}
+    unused = sorted(set(changes) - set().union(*settings.values()))
+    if unused:
+        raise UsageError(f"--set {', '.join(unused)}: no experiment of this campaign has it")
+    shares = {}
+    for exp_id in ids:
+        mine = [item for item in items if item.partition("=")[0].strip() in settings[exp_id]]
+        checked_changes(exp_id, scale, mine)
+        shares[exp_id] = mine
+    return shares

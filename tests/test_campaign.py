@@ -109,3 +109,18 @@ def test_a_campaign_resumes_a_partial_record_as_the_run_that_made_it(tiny, tmp_p
     assert "partial: 1 of 2 units, victims=1, " in capsys.readouterr().out
     assert len(trained) == 1, "only the unfinished unit ran"
     assert read_record(out)["settings_changed"]["victims"]["used"] == 1
+
+
+def test_a_campaign_hands_each_experiment_the_settings_it_has(tiny, tmp_path, capsys):
+    """``campaign --set`` changes each experiment that has the setting; a name none has fails
+    before any work, as a --data name none uses does."""
+    trained, _ = tiny
+    results = tmp_path / "set"
+    argv = ["campaign", "--only", *IDS, "--quiet", "--results", str(results)]
+    assert main([*argv, "--set", "victim=1"]) == 2
+    assert "--set victim: no experiment of this campaign has it" in capsys.readouterr().err
+    assert not trained and not results.exists()
+    assert main([*argv, "--set", "positions=(3,)"]) == 0  # only Table II has positions
+    placement = read_record(results / record_filename(IDS[1]))
+    assert placement["settings_changed"]["positions"]["used"] == [3]
+    assert "settings_changed" not in read_record(results / record_filename(IDS[0]))
