@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Paper-scale experiments on a lent GPU in one device command, resumably.
+#
+# Runs `python -m leakagelib campaign` for the given experiments under `timeout`, so that the
+# command ends before the device's per-command limit: a unit's attack under way saves its
+# checkpoint at the end of its step when the SIGTERM comes (leakagelib/attacks/checkpoint.py).
+# Then it copies each experiment's record, partial record and attack checkpoints into $OUT, from
+# where they come back to the developer's machine: put the records and partial records in
+# results/ and commit them; put a checkpoint folder beside its partial record (it is not
+# committed) and name it in the next device call's `carry` to resume the unit there.
+#
+# Usage, from the repository root of the device machine, with the offline samples copied into
+# .shared-data/ (git-ignored) and carried:
+#   tools/lent_gpu.sh SECONDS ID [ID ...]
+# e.g. tools/lent_gpu.sh 520 cvb/table5-architectures  (with timeout_s about 580)
+# SCALE, DEVICE, RESULTS and PYTHON (default paper, cuda, results, python3) allow a smoke
+# test elsewhere:
+#   SCALE=ci DEVICE=cpu RESULTS=/tmp/smoke PYTHON=.venv/bin/python OUT=/tmp/o tools/lent_gpu.sh 600 ID
+set -u
+seconds=$1
+shift
+export PYTHONUNBUFFERED=1
+data=(--data mnist=.shared-data/mnist_test_0_4999.npz --data cifar10=.shared-data/cifar10_test_0_499.npz)
+changes=()
+for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's images
+  case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
+done
+timeout -s TERM -k 60 "$seconds" "${PYTHON:-python3}" -m leakagelib campaign --scale "${SCALE:-paper}" \
+  --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet "${data[@]}" \
+  "${changes[@]}" --only "$@"
+status=$?
+for id in "$@"; do
+  record=${RESULTS:-results}/${id//\//-}.json
+  for file in "$record" "$record.partial"; do
+    if [ -f "$file" ]; then cp "$file" "$OUT/"; fi
+  done
+  if [ -d "$record.partial.attacks" ]; then
+    mkdir -p "$OUT/$(basename "$record").partial.attacks"
+    cp "$record.partial.attacks"/*.pt "$OUT/$(basename "$record").partial.attacks/"
+  fi
+done
+exit $status
