@@ -21,15 +21,25 @@ from typing import Any
 REQUIRED_KEYS = ("experiment", "scale", "rows", "provenance")
 
 
-def _git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
+def _git_commit(where: Path | None = None) -> str | None:
+    """The commit checked out at ``where`` (the library's folder), with ``+dirty`` when a tracked
+    file under it differs from that commit: a record made so ran code the commit does not hold."""
+    here = where or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=here, capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return head + "+dirty" if changed else head
 
 
 #: The commit checked out when the library was imported: the code a run executes. Read once, so

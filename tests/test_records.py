@@ -147,6 +147,26 @@ def test_provenance_names_the_commit_the_library_was_imported_at(monkeypatch):
     assert records.provenance(seed=0, device="cpu", wall_seconds=1.0)["commit"] == "a" * 40
 
 
+def test_the_commit_is_marked_dirty_when_the_code_differs_from_it(tmp_path):
+    """A run from uncommitted changes does not claim the commit's code as its own."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    clean = records._git_commit(tmp_path)
+    assert clean is not None and len(clean) == 40
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert records._git_commit(tmp_path) == clean + "+dirty"
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    assert records._git_commit(tmp_path) == clean
+
+
 def test_a_resumed_records_run_time_counts_every_unit_and_names_their_commits():
     once = {"wall_seconds": 7.0, "commit": "c" * 40}
     assert records.run_seconds(once) == 7.0
