@@ -143,3 +143,20 @@ def test_a_signal_lets_the_running_attack_save_its_step_and_stop(tmp_path):
     assert resumed.history == whole.history
     with _graceful_signals(), pytest.raises(KeyboardInterrupt):  # no attack running: at once
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_in_the_last_step_keeps_the_finished_attack_and_still_stops(tmp_path):
+    config = CONFIGS["L-BFGS per attack"]
+    whole = _tiny(config)
+    last = len(whole.history) - 1
+    path = tmp_path / "attack.pt"
+
+    def signal_at_last(t: int, _x: torch.Tensor) -> None:
+        if t == last:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with _graceful_signals(), pytest.raises(KeyboardInterrupt):
+        _tiny(config, LoopCheckpoint(path), signal_at_last)
+    seen: list[int] = []
+    again = _tiny(config, LoopCheckpoint(path), lambda t, _x: seen.append(t))
+    assert seen == [] and torch.equal(again.images, whole.images)  # kept, not run again

@@ -90,7 +90,7 @@ class LoopCheckpoint:
     before their first step, :meth:`tick` after every step and once more,
     with ``final=True``, after their last: a run that finds a final state
     returns it without a step (a unit killed after its attack, while training,
-    keeps the attack). :meth:`clear` deletes the file.
+    keeps the attack); delete the file to run the attack afresh.
     """
 
     def __init__(self, path: str | os.PathLike, *, every_s: float | None = None) -> None:
@@ -107,8 +107,13 @@ class LoopCheckpoint:
         _LOOPS["running"] += 1
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """The loop has ended; a signal that came after its last save stops the run now."""
         _LOOPS["running"] -= 1
+        if _LOOPS["stop"] and not _LOOPS["running"]:
+            _LOOPS["stop"] = False
+            if exc_type is None:
+                raise KeyboardInterrupt(f"stopped after the attack; it is saved in {self.path}")
 
     def bind(self, key: str, generators: Sequence[torch.Generator]) -> None:
         """Tie the file to the attack ``key`` (:func:`fingerprint`) and the generators it draws from."""
@@ -138,7 +143,7 @@ class LoopCheckpoint:
         """After ``step``: save ``state()`` (the loop's; ``step + 1`` is the next to run) when
         due, or at once with ``final`` (the loop has ended: ``finished`` is saved with it) or
         when a signal asked the run to stop, which it then does (``KeyboardInterrupt``)."""
-        stop = _LOOPS["stop"] and not final
+        stop = _LOOPS["stop"]
         if not (final or stop) and time.monotonic() - self.saved_at < self.every_s:
             return
         loop = {**state(), "step": step + 1, "finished": final}
@@ -160,10 +165,6 @@ class LoopCheckpoint:
             raise KeyboardInterrupt(
                 f"stopped after step {step}; the attack is saved in {self.path}"
             )
-
-    def clear(self) -> None:
-        """Delete the file (the attack has finished)."""
-        self.path.unlink(missing_ok=True)
 
 
 def restore(
