@@ -71,9 +71,11 @@ class _History:
     STATE = ("s", "y", "rho", "count", "pos", "h_diag", "d", "t", "prev_g", "prev_loss", "n_iter")
 
     def state_dict(self) -> dict[str, Tensor]:
+        """Every attack's pairs, step and counters, for a checkpoint."""
         return {name: getattr(self, name) for name in self.STATE}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Take back a :meth:`state_dict`, on this history's device."""
         for name in self.STATE:
             setattr(self, name, state[name].to(self.s.device))
 

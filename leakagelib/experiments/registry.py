@@ -220,9 +220,11 @@ class Context:
         for key in self.track(left, desc, total=len(keys), initial=len(keys) - len(left)):
             torch.manual_seed(unit_seed(self.seed, key))
             start, self.running = time.perf_counter(), (key, [])
-            rows = compute(key)
-            earlier = sum(c.earlier_s for c in self.running[1])  # resumed attacks' earlier time
-            self.running = None
+            try:
+                rows = compute(key)
+                earlier = sum(c.earlier_s for c in self.running[1])  # resumed attacks' time
+            finally:
+                self.running = None
             if self.partial is not None:
                 rows = jsonable(rows)
                 made = {"commit": IMPORTED_COMMIT, "device": self.device}
