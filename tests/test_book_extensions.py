@@ -469,3 +469,12 @@ def test_the_workload_table_has_every_chapter_in_the_tocs_order():
 def _prose(name: str) -> str:
     cells = json.loads((ROOT / f"{name}.ipynb").read_text())["cells"]
     return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_a_record_resumed_across_devices_names_each_kind():
+    """Table III's record: its first unit ran on a lent GPU, the rest on the CPU."""
+    units = [{"unit": 0, "device": "cuda"}, {"unit": 1, "device": "cpu"}]
+    mixed = {"provenance": {"device": "cpu", "device_name": "x86_64", "units": units}}
+    assert reproduction.device(mixed) == "cpu, cuda"
+    one = {"provenance": {"device": "cpu", "device_name": "x86_64", "units": units[1:]}}
+    assert reproduction.device(one) == "cpu (x86_64)"

@@ -105,8 +105,12 @@ def duration(seconds: float) -> str:
 
 
 def device(record: dict[str, Any]) -> str:
-    """The device a record was made on, as its provenance says."""
+    """The device a record was made on, as its provenance says; a resumed record whose units
+    ran on several kinds of device (a GPU's first units, the CPU's rest) names each kind."""
     prov = record.get("provenance", {})
+    kinds = sorted({u["device"] for u in prov.get("units", []) if u.get("device")})
+    if len(kinds) > 1:
+        return ", ".join(kinds)
     name, kind = prov.get("device_name"), prov.get("device", "?")
     return f"{kind} ({name})" if name else str(kind)
 
