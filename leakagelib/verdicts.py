@@ -67,6 +67,15 @@ class Judgement:
     #: The paper's rounding (:func:`rounding`) the judgement allowed the paper's number.
     width: float = 0.0
 
+    @property
+    def side(self) -> str:
+        """Where the record lies against the paper: ``"inside"`` (the verdict agrees), else
+        ``"below"`` or ``"above"`` the paper's number (its mean does; for a share or an SSIM,
+        "below" is a weaker attack). Chapters group their records' rows by it."""
+        if self.agrees:
+            return "inside"
+        return "below" if self.record < self.paper else "above"
+
     def __str__(self) -> str:
         where = ", ".join(f"{k} {v}" for k, v in self.row)
         if self.low == self.high:  # a count

@@ -110,3 +110,14 @@ def test_a_rounded_number_of_the_papers_stands_for_all_that_round_to_it():
     assert str(found[0]).endswith("(within its rounding, ±0.005)")
     assert "rounding" not in str(found[1])
     assert not verdicts.judge(paper, [far], on=["cell"], columns=["ssim"])[0].agrees
+
+
+def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
+    paper = [{"k": "a", "ssim": 0.5}, {"k": "b", "ssim": 0.5}, {"k": "c", "ssim": 0.5}]
+    rows = [
+        {"k": "a", "ssim": 0.51, "ssim_std": 0.1},
+        {"k": "b", "ssim": 0.2, "ssim_std": 0.01},
+        {"k": "c", "ssim": 0.8, "ssim_std": 0.01},
+    ]
+    judged = verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
+    assert [j.side for j in judged] == ["inside", "below", "above"]
