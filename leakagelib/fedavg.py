@@ -51,12 +51,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from .attacks.checkpoint import LoopCheckpoint, fingerprint
 from .defenses.base import GradientDefense, NoDefense
 from .fl import Augment, State, _check_data, _snapshot, _step, accuracy, evaluate
 
@@ -166,6 +168,7 @@ def federated_averaging(
     augment: Augment | None = None,
     defense: GradientDefense | None = None,
     seed: int = 0,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> FLResult:
     """Train a deep copy of ``model`` with FedAvg over IID clients (the CVB authors' protocol).
 
@@ -179,6 +182,8 @@ def federated_averaging(
     state carries over). ``snapshot_rounds``: rounds whose global state to keep (0 =
     before training). Every local update goes through ``defense`` (DP-SGD, ...; CVB
     §VI-C). Randomness: ``seed`` (bottleneck noise too, via torch's global generator).
+    ``checkpoint`` saves the run after a round every few minutes and resumes it, to the
+    result of an uninterrupted run (:mod:`leakagelib.attacks.checkpoint`).
     """
     _check_fedavg(images, labels, test, rounds=rounds, epochs=local_epochs, batch=batch_size,
                   patience=patience)  # fmt: skip
@@ -191,22 +196,89 @@ def federated_averaging(
     optimizers = [torch.optim.Adam(m.parameters(), lr=lr, betas=betas) for m in locals_]
     wanted = set(snapshot_rounds)
     result = FLResult(global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {})
-    sizes = torch.tensor([len(tr) for tr, _ in shards], dtype=torch.float64)
-    for rnd in range(1, rounds + 1):
-        _round(
-            global_model, list(zip(locals_, optimizers, shards, strict=True)), images, labels,
-            sizes / sizes.sum(), reset=reset_optimizer, epochs=local_epochs,
-            batch_size=batch_size, generator=g, augment=augment, defense=defense,
-        )  # fmt: skip
-        val_loss = _validation_loss(global_model, images, labels, shards)
-        test_acc = accuracy(global_model, *test) if test is not None else None
+    run = _Run(result, optimizers, defense, checkpoint)
+    if checkpoint is not None:  # the file belongs to this run; it resumes the batch order
+        settings = [rounds, clients, local_epochs, batch_size, lr, betas, val_fraction, patience,
+                    reset_optimizer, sorted(wanted), augment is None, defense.describe(), seed]  # fmt: skip
+        data = {"images": images, "labels": labels.double(), **global_model.state_dict()}
+        checkpoint.bind(fingerprint(settings, data), [g])
+    with checkpoint if checkpoint is not None else nullcontext():
+        _rounds(run, list(zip(locals_, optimizers, shards, strict=True)), images, labels,
+                rounds=rounds, patience=patience, test=test, wanted=wanted,
+                reset=reset_optimizer, epochs=local_epochs, batch_size=batch_size, generator=g,
+                augment=augment, defense=defense)  # fmt: skip
+    return result
+
+
+def _rounds(
+    run: _Run,
+    clients: list[tuple[nn.Module, torch.optim.Optimizer, tuple[Tensor, Tensor]]],
+    images: Tensor,
+    labels: Tensor,
+    *,
+    rounds: int,
+    patience: int | None,
+    test: tuple[Tensor, Tensor] | None,
+    wanted: set[int],
+    reset: bool,
+    **local: Any,
+) -> None:
+    """:func:`federated_averaging`'s rounds, from the first that ``run`` has not trained:
+    train, score, keep snapshots and the best state, stop early, save the run when due."""
+    result, model = run.result, run.result.model
+    sizes = torch.tensor([len(tr) for _, _, (tr, _) in clients], dtype=torch.float64)
+    shards = [shard for _, _, shard in clients]
+    first = run.restore() + 1  # after a saved run's end: no round left
+    for rnd in range(first, rounds + 1) if not run.ended else ():
+        _round(model, clients, images, labels, sizes / sizes.sum(), reset=reset, **local)
+        val_loss = _validation_loss(model, images, labels, shards)
+        test_acc = accuracy(model, *test) if test is not None else None
         result.history.append({"round": rnd, "val_loss": val_loss, "test_accuracy": test_acc})
         if rnd in wanted:
-            result.snapshots[rnd] = _snapshot(global_model)
-        if _stop(result, patience):
-            result.stopped_early = True
+            result.snapshots[rnd] = _snapshot(model)
+        result.stopped_early = _stop(result, patience)
+        run.saved(rnd)
+        if result.stopped_early:
             break
-    return result
+    run.saved(len(result.history), final=True)
+
+
+class _Run:
+    """A training run's state for its checkpoint (:mod:`leakagelib.attacks.checkpoint`): the
+    global model, history, best and snapshot states, the clients' optimisers and the
+    defense's ledger; the checkpoint adds the batch-order and global generators."""
+
+    def __init__(self, result: FLResult, optimizers: list, defense: GradientDefense,
+                 checkpoint: LoopCheckpoint | None) -> None:  # fmt: skip
+        self.result, self.optimizers, self.defense = result, optimizers, defense
+        self.checkpoint, self.ended = checkpoint, False
+
+    def state(self) -> dict[str, Any]:
+        r = self.result
+        return {"model": r.model.state_dict(), "history": r.history, "best": r.best_state,
+                "snapshots": r.snapshots, "stopped": r.stopped_early,
+                "optimizers": [o.state_dict() for o in self.optimizers],
+                "defense": self.defense.state_dict()}  # fmt: skip
+
+    def restore(self) -> int:
+        """The rounds already trained (0 without a saved run); ``ended`` says whether it ended."""
+        saved = None if self.checkpoint is None else self.checkpoint.load()
+        if saved is None:
+            return 0
+        r = self.result
+        r.model.load_state_dict(saved["model"])
+        r.history, r.best_state = list(saved["history"]), saved["best"]
+        r.snapshots, r.stopped_early = dict(saved["snapshots"]), bool(saved["stopped"])
+        for opt, state in zip(self.optimizers, saved["optimizers"], strict=True):
+            opt.load_state_dict(state)
+        self.defense.load_state_dict(saved["defense"])
+        self.ended = bool(saved["finished"])
+        return len(r.history)
+
+    def saved(self, rounds: int, *, final: bool = False) -> None:
+        """After ``rounds`` rounds: save when due (or at the end, once)."""
+        if self.checkpoint is not None and not (final and self.ended):
+            self.checkpoint.tick(rounds - 1, self.state, final=final)
 
 
 def _stop(result: FLResult, patience: int | None) -> bool:

@@ -84,6 +84,16 @@ class GradientDefense(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no tractable likelihood p(g|x)")
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the defense has accumulated over its shares (none by default; DP-SGD's privacy
+        ledger), for a training run's checkpoint (:func:`leakagelib.fedavg.federated_averaging`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back a :meth:`state_dict` (a stateless defense has nothing to take back)."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state; got {sorted(state)}")
+
     def describe(self) -> dict[str, Any]:
         """The defense's name and parameters, for experiment rows."""
         return {"defense": type(self).__name__}

@@ -203,6 +203,16 @@ class DPSGD(GradientDefense):
         self.steps += 1
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """The privacy ledger (the accountant's history, the step count) and the last batch."""
+        return {"accountant": self.accountant.state_dict(), "steps": self.steps,
+                "batch": self._batch}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back a :meth:`state_dict` (a resumed training run's ledger)."""
+        self.accountant.load_state_dict(state["accountant"])
+        self.steps, self._batch = int(state["steps"]), state["batch"]
+
     def spent(self) -> tuple[float, float]:
         """(ε, δ) after the steps shared so far, from the accountant."""
         return float(self.accountant.get_epsilon(delta=self.delta)), self.delta

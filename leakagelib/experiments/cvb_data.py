@@ -202,6 +202,8 @@ def fedavg_accuracy(
     :data:`~.cvb_common.TRAINING` values and the run's seed, on
     :func:`training_pool`; the accuracy of the round with the lowest
     validation loss, as the authors report it (:attr:`leakagelib.fedavg.FLResult.best`).
+    In a command-line run the training saves itself every few minutes and resumes
+    (:meth:`~leakagelib.experiments.Context.checkpoint`).
     """
     s, device = ctx.config, ctx.device
     pool = training_pool(ctx, logical)
@@ -211,7 +213,7 @@ def fedavg_accuracy(
         model, pool.norm.normalize(pool.images).to(device), pool.labels.to(device),
         rounds=s.rounds, clients=s.clients, patience=s.patience, batch_size=s.batch_size,
         val_fraction=s.val_fraction, test=(pool.norm.normalize(xt).to(device), yt.to(device)),
-        defense=defense, seed=ctx.seed,
+        defense=defense, seed=ctx.seed, checkpoint=ctx.checkpoint(),
     )  # fmt: skip
     return float(result.best["test_accuracy"]) if result.history else float("nan")
 
