@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextmanager
 def _graceful_signals() -> Iterator[None]:
-    """SIGTERM and SIGINT let a running attack save its checkpoint before the run stops
+    """SIGTERM and SIGINT let a running attack or training save its checkpoint before the run stops
     (:func:`leakagelib.attacks.checkpoint.stop_gracefully`); the handlers are restored after."""
     from .attacks.checkpoint import stop_gracefully
 
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(
             "interrupted: no record written; finished units stay in OUT.partial, and a unit's "
-            "attack under way in OUT.partial.attacks/ (rerun with --resume to continue)",
+            "attack or training under way in OUT.partial.attacks/ (rerun with --resume)",
             file=sys.stderr,
         )
         return 130

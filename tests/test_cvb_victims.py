@@ -106,6 +106,7 @@ def test_victims_at_draws_a_dataset_s_own_count_and_leaves_the_others_alone() ->
     [
         ({"svhn": 3}, r"victims_at names \['svhn'\]"),
         ({"cifar10": 0}, "must be a positive integer"),
+        ({"cifar10": 2.5}, "must be a positive integer"),
         ({"cifar10": 10_000}, "victims of cifar10, but client 0 trains on only"),
     ],
 )

@@ -13,7 +13,9 @@ generators the loop draws from (the Monte-Carlo ball samples and torch's
 global generator, from which a variational bottleneck draws its noise) — and
 a new run of the same attack continues from it. The resumed attack then ends
 exactly where the uninterrupted one would have (``tests/test_attack_checkpoint.py``);
-only ``callback`` misses the steps run before the interruption.
+only ``callback`` misses the steps run before the interruption. Federated
+training (:func:`leakagelib.fedavg.federated_averaging`) saves itself through
+the same class after a round, with its own state.
 
 Stopped by a signal (``timeout`` on a lent GPU sends SIGTERM; Ctrl-C sends
 SIGINT), the command line's handler :func:`stop_gracefully` lets a running
@@ -59,7 +61,7 @@ _LOOPS = {"running": 0, "stop": False}
 
 def stop_gracefully(signum: int, frame: FrameType | None) -> None:
     """A signal handler (``reproduce`` and ``campaign`` install it for SIGTERM and SIGINT): a
-    running attack saves at the end of its step and stops (:meth:`LoopCheckpoint.tick`);
+    running attack (or training) saves at the end of its step (round) and stops (:meth:`LoopCheckpoint.tick`);
     without one, or at a second signal, the run stops at once (``KeyboardInterrupt``)."""
     if _LOOPS["running"] and not _LOOPS["stop"]:
         _LOOPS["stop"] = True

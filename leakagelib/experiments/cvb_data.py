@@ -131,11 +131,12 @@ def check_victims(ctx: Context, datasets: Iterable[str]) -> None:
     unknown = sorted(set(at) - set(datasets))
     if unknown:
         raise ValueError(f"victims_at names {unknown}, which this run does not use ({datasets})")
+    for logical, count in at.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"victims of {logical}: {count!r}; it must be a positive integer")
     for logical in datasets:
-        count = victim_count(ctx, logical)
-        if count < 1:
-            raise ValueError(f"victims of {logical}: {count}; it must be a positive integer")
-        victim_positions(ctx, training_pool(ctx, logical), count, logical=logical)
+        victim_positions(ctx, training_pool(ctx, logical), victim_count(ctx, logical),
+                         logical=logical)  # fmt: skip
 
 
 def victim_positions(ctx: Context, pool: Pool, n: int, *, logical: str = "") -> Tensor:
