@@ -196,7 +196,8 @@ def federated_averaging(
     optimizers = [torch.optim.Adam(m.parameters(), lr=lr, betas=betas) for m in locals_]
     wanted = set(snapshot_rounds)
     result = FLResult(global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {})
-    run = _Run(result, optimizers, defense, checkpoint)
+    # a fresh Adam every round (the authors'): no optimiser state to keep across rounds
+    run = _Run(result, [] if reset_optimizer else optimizers, defense, checkpoint)
     if checkpoint is not None:  # the file belongs to this run; it resumes the batch order
         settings = [rounds, clients, local_epochs, batch_size, lr, betas, val_fraction, patience,
                     reset_optimizer, sorted(wanted), augment is None, defense.describe(), seed]  # fmt: skip
@@ -245,8 +246,9 @@ def _rounds(
 
 class _Run:
     """A training run's state for its checkpoint (:mod:`leakagelib.attacks.checkpoint`): the
-    global model, history, best and snapshot states, the clients' optimisers and the
-    defense's ledger; the checkpoint adds the batch-order and global generators."""
+    global model, history, best and snapshot states, the clients' optimisers (those that
+    keep their state across rounds) and the defense's ledger; the checkpoint adds the
+    batch-order and global generators."""
 
     def __init__(self, result: FLResult, optimizers: list, defense: GradientDefense,
                  checkpoint: LoopCheckpoint | None) -> None:  # fmt: skip

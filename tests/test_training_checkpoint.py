@@ -25,19 +25,20 @@ def _model() -> nn.Module:
     return insert_bottleneck(conv, CVB(4, kernel_size=3, beta=0.1), 1)
 
 
-def _train(checkpoint=None, dp=None) -> fedavg.FLResult:
+def _train(checkpoint=None, dp=None, reset=False) -> fedavg.FLResult:
     x, y, norm = data.load("digits", split="train", n=160)
     xt, yt, _ = data.load("digits", split="test", n=40)
     return federated_averaging(
         _model(), norm.normalize(x), y, rounds=6, clients=4, batch_size=16, lr=3e-3,
-        test=(norm.normalize(xt), yt), patience=None, reset_optimizer=False,
+        test=(norm.normalize(xt), yt), patience=None, reset_optimizer=reset,
         defense=dp or DPSGD(0.5, 1.0, sample_rate=0.4), seed=3, checkpoint=checkpoint,
     )  # fmt: skip
 
 
-def test_a_killed_training_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reset", [False, True])  # Adam kept across rounds, or fresh (the authors')
+def test_a_killed_training_run_resumes_to_the_uninterrupted_result(reset, tmp_path, monkeypatch):
     ledgers = [DPSGD(0.5, 1.0, sample_rate=0.4) for _ in range(2)]
-    whole = _train(dp=ledgers[0])
+    whole = _train(dp=ledgers[0], reset=reset)
     path = tmp_path / "training.pt"
     validation = fedavg._validation_loss
     seen: list[int] = []
@@ -50,9 +51,9 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_result(tmp_path, mon
 
     monkeypatch.setattr(fedavg, "_validation_loss", killed_in_round_4)
     with pytest.raises(Killed):
-        _train(LoopCheckpoint(path, every_s=0))
+        _train(LoopCheckpoint(path, every_s=0), reset=reset)
     monkeypatch.setattr(fedavg, "_validation_loss", validation)
-    resumed = _train(LoopCheckpoint(path, every_s=0), dp=ledgers[1])
+    resumed = _train(LoopCheckpoint(path, every_s=0), dp=ledgers[1], reset=reset)
     assert resumed.history == whole.history  # rounds 1-3 from the file, 4-6 trained again
     assert ledgers[1].steps == ledgers[0].steps and ledgers[1].spent() == ledgers[0].spent()
     for a, b in zip(resumed.model.state_dict().values(), whole.model.state_dict().values(),
@@ -60,7 +61,7 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_result(tmp_path, mon
         assert torch.equal(a, b)
     for key, value in whole.best_state.items():
         assert torch.equal(resumed.best_state[key], value)
-    again = _train(LoopCheckpoint(path, every_s=0))  # after the end: the result, no round
+    again = _train(LoopCheckpoint(path, every_s=0), reset=reset)  # after the end: no round
     assert again.history == whole.history
 
 
