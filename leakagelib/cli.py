@@ -172,6 +172,8 @@ def _plan_line(
         head = (
             f"{exp_id:28s} {rerun}partial: {len(partial.units)} of {partial.total} units, {changed}"
         )
+        if any(partial_path.with_name(partial_path.name + ".attacks").glob("*.pt")):
+            head += "a unit resumes from its checkpoint, "
         eta = partial.estimate(args.device)
         if eta is not None:
             return "partial", head + f"about {format_duration(eta)} left at the pace so far", eta

@@ -250,12 +250,13 @@ class _Run:
     keep their state across rounds) and the defense's ledger; the checkpoint adds the
     batch-order and global generators."""
 
-    def __init__(self, result: FLResult, optimizers: list, defense: GradientDefense,
-                 checkpoint: LoopCheckpoint | None) -> None:  # fmt: skip
+    def __init__(self, result: FLResult, optimizers: list[torch.optim.Optimizer],
+                 defense: GradientDefense, checkpoint: LoopCheckpoint | None) -> None:  # fmt: skip
         self.result, self.optimizers, self.defense = result, optimizers, defense
         self.checkpoint, self.ended = checkpoint, False
 
     def state(self) -> dict[str, Any]:
+        """What a checkpoint saves of the run (its ``tick`` calls this when due)."""
         r = self.result
         return {"model": r.model.state_dict(), "history": r.history, "best": r.best_state,
                 "snapshots": r.snapshots, "stopped": r.stopped_early,

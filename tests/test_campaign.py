@@ -61,6 +61,7 @@ def test_a_campaign_skips_finished_records_and_resumes_partial_ones(tiny, tmp_pa
     assert campaign(results) == 0
     plan = capsys.readouterr().out.splitlines()
     assert "done (" in plan[0] and "partial: 1 of 2 units" in plan[1]
+    assert "a unit resumes from its checkpoint" in plan[1], "its attack ended before the stop"
     assert len(trained) == 1, "only the unfinished unit ran"
     assert read_record(results / record_filename(IDS[1]))["rows"] == whole["rows"]
 
