@@ -190,32 +190,15 @@ def _optimise(
 
         steps = tqdm(steps, desc="attack", leave=False)
     with checkpoint if checkpoint is not None else nullcontext():  # a signal lets it save first
-        return _run_optimiser(config, evaluate, x, z, settings, offsets, clamp, steps, callback,
-                              checkpoint)  # fmt: skip
-
-
-def _run_optimiser(
-    config: AttackConfig,
-    evaluate: Evaluate,
-    x: Tensor,
-    z: Tensor,
-    settings: list[Setting],
-    offsets: BallOffsets,
-    clamp: Callable[[Tensor], Tensor],
-    steps: Iterable[int],
-    callback: Callable[[int, Tensor], None] | None,
-    checkpoint: LoopCheckpoint | None,
-) -> tuple[Tensor, Tensor, list[float]]:
-    """:func:`_optimise`'s dispatch to Adam, L-BFGS per attack or torch's L-BFGS."""
-    if config.optimizer == "adam":
-        return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps, callback,
-                         checkpoint)  # fmt: skip
-    if config.watched:  # per attack: its own L-BFGS, lr, stops and best iterate
-        lrs = torch.tensor([s.lr for s in settings], device=x.device)
-        return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps, callback,
-                                checkpoint)  # fmt: skip
-    lr = settings[0].lr
-    return lbfgs_loop(config, evaluate, x, z, lr, offsets.draw, clamp, steps, callback)
+        if config.optimizer == "adam":
+            return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps,
+                             callback, checkpoint)  # fmt: skip
+        if config.watched:  # per attack: its own L-BFGS, lr, stops and best iterate
+            lrs = torch.tensor([s.lr for s in settings], device=x.device)
+            return lbfgs_per_attack(config, evaluate, x, z, lrs, offsets.draw, clamp, steps,
+                                    callback, checkpoint)  # fmt: skip
+        lr = settings[0].lr
+        return lbfgs_loop(config, evaluate, x, z, lr, offsets.draw, clamp, steps, callback)
 
 
 def _best_restart(
