@@ -71,9 +71,12 @@ class Judgement:
     def side(self) -> str:
         """Where the record lies against the paper: ``"inside"`` (the verdict agrees), else
         ``"below"`` or ``"above"`` the paper's number (its mean does; for a share or an SSIM,
-        "below" is a weaker attack). Chapters group their records' rows by it."""
+        "below" is a weaker attack; ``"outside"`` a bound such as "> 150" that the record
+        misses). Chapters group their records' rows by it."""
         if self.agrees:
             return "inside"
+        if isinstance(self.paper, bool) or not isinstance(self.paper, (int, float)):
+            return "outside"
         return "below" if self.record < self.paper else "above"
 
     def __str__(self) -> str:

@@ -121,3 +121,6 @@ def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
     ]
     judged = verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
     assert [j.side for j in judged] == ["inside", "below", "above"]
+    bound = verdicts.judge([{"k": "a", "psnr": "> 150"}], [{"k": "a", "psnr": 20.0,
+                           "psnr_std": 1.0}], ("k",), ("psnr",), 100)  # fmt: skip
+    assert [j.side for j in bound] == ["outside"]
