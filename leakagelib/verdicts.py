@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,9 @@ __all__ = [
     "interval",
     "judge",
     "rounding",
+    "sides",
     "verdict",
+    "victims_per_row",
 ]
 
 #: What a paper row names instead of a row when its bound holds for each image of the record.
@@ -229,6 +231,29 @@ def images_per_row(exp: Any, record: Mapping[str, Any]) -> int | None:
     if changed is not None:
         return changed["used"]
     return exp.config.at(record.get("scale", "paper")).get("victims")
+
+
+def sides(judgements: Sequence[Judgement], name: Callable[[dict[str, Any]], str]) -> dict[str, str]:
+    """The judged rows grouped by :attr:`Judgement.side` (``inside``, ``below``, ``above``,
+    ``outside``), each group the rows' names (``name`` of the row's ``on`` values as a dict)
+    joined by commas, or "none": what a chapter says of its record beside the paper
+    ("CVB against attacks and architectures", "CVB against DP-SGD and gradient compression")."""
+    grouped: dict[str, list[str]] = {"inside": [], "below": [], "above": [], "outside": []}
+    for j in judgements:
+        grouped[j.side].append(name(dict(j.row)))
+    return {side: ", ".join(names) or "none" for side, names in grouped.items()}
+
+
+def victims_per_row(
+    rows: Sequence[Mapping[str, Any]], n: int | None, dataset: Callable[[str], str]
+) -> str:
+    """ "128 victims per row", or "victims per row: 128 on MNIST, 32 on CIFAR-10" where a
+    record's rows say their own ``n`` (:func:`leakagelib.experiments.cvb_data.victim_fields`);
+    ``n`` is :func:`images_per_row`'s, ``dataset`` names a row's ``dataset``."""
+    counts = {dataset(r["dataset"]): r.get("n", n) for r in rows}
+    if set(counts.values()) <= {n}:
+        return f"{n} victims per row"
+    return "victims per row: " + ", ".join(f"{k} on {d}" for d, k in counts.items())
 
 
 def verdict(judgements: Sequence[Judgement]) -> str:

@@ -124,3 +124,20 @@ def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
     bound = verdicts.judge([{"k": "a", "psnr": "> 150"}], [{"k": "a", "psnr": 20.0,
                            "psnr_std": 1.0}], ("k",), ("psnr",), 100)  # fmt: skip
     assert [j.side for j in bound] == ["outside"]
+
+
+def test_sides_name_the_rows_of_each_side_and_victims_per_row_the_counts():
+    paper = [{"k": "a", "ssim": 0.5}, {"k": "b", "ssim": 0.5}, {"k": "c", "ssim": 0.5}]
+    rows = [
+        {"k": "a", "ssim": 0.51, "ssim_std": 0.1},
+        {"k": "b", "ssim": 0.2, "ssim_std": 0.01},
+        {"k": "c", "ssim": 0.8, "ssim_std": 0.01},
+    ]
+    judged = verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
+    listed = verdicts.sides(judged, lambda r: r["k"].upper())
+    assert listed == {"inside": "A", "below": "B", "above": "C", "outside": "none"}
+    cifar = [{"dataset": "mnist"}, {"dataset": "cifar10", "n": 32}]
+    assert verdicts.victims_per_row(cifar, 128, str.upper) == (
+        "victims per row: 128 on MNIST, 32 on CIFAR10"
+    )
+    assert verdicts.victims_per_row(cifar[:1], 128, str.upper) == "128 victims per row"
