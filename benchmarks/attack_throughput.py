@@ -38,6 +38,15 @@ Speed section for the numbers):
   Speed section has the throughput before and after.
 * The per-sample weight gradients under ``vmap`` (grouped convolutions) were
   *not* the main cost, contrary to a first profile taken on a loaded machine.
+* A profile of the hooked step shows zero-filled ``64 × 32 × 28 × 28``
+  tensors: differentiating ReLU's and average pooling's backward a second
+  time, autograd builds a zero derivative with respect to their input and
+  adds it in. ReLU and pooling as autograd functions whose backward reads a
+  detached input (so no such zeros are built; the iterates stay bit for bit
+  the same) measured 977–1,028 image-steps/s against 975–1,025 without them
+  on 2 threads and 585–650 against 553–603 on one (three interleaved runs
+  each, 64 attacks, 10 steps; 2026-11-27, the paper-scale run paused): within
+  the runs' spread, so they were not kept.
 
 Usage: ``python benchmarks/attack_throughput.py [--steps 20] [--images 64]
 [--threads N] [--profile [--device cuda]]`` (without ``--profile`` it measures on the CPU
