@@ -101,10 +101,28 @@ def test_best_iterate_is_the_one_of_lowest_recorded_objective(optimizer):
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
-def test_a_batch_of_watched_attacks_equals_each_attack_run_alone(optimizer):
+def test_after_step_keeps_the_iterate_that_the_best_step_reached(optimizer):
+    """The CVB authors' rule: the iterate after the step whose starting objective was lowest."""
+    config = AttackConfig(steps=8, optimizer=optimizer, lr=1.0, schedule="constant", decay=1.0,
+                          beta=0.0, keep_best=True, best_iterate="after-step",
+                          lbfgs_iterations=3, engine="vmap")  # fmt: skip
+    seen: list[torch.Tensor] = []
+    res = _run(config, n=1, callback=lambda t, x: seen.append(x.clone()))
+    history = torch.tensor(res.history)
+    best = int(history.argmin())
+    assert 0 < best < len(history) - 1, history
+    assert torch.equal(res.all_images[0, 0, 0], seen[best][0, 0, 0])  # x_{t+1}, not x_t
+    assert torch.isclose(res.objective[0, 0], history[best + 1], rtol=1e-5)
+    recorded = _run(config.with_(best_iterate="recorded"), n=1)
+    assert not torch.equal(res.all_images, recorded.all_images)
+
+
+@pytest.mark.parametrize("best_iterate", ["recorded", "after-step"])
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+def test_a_batch_of_watched_attacks_equals_each_attack_run_alone(optimizer, best_iterate):
     config = AttackConfig(steps=15, optimizer=optimizer, lr=0.3, schedule="plateau", decay=0.5,
                           plateau_patience=1, stop_patience=3, keep_best=True, beta=0.0,
-                          lbfgs_iterations=4, engine="vmap")  # fmt: skip
+                          best_iterate=best_iterate, lbfgs_iterations=4, engine="vmap")  # fmt: skip
     net, y, ups = _problem(3)
     start = torch.randn(3, 1, 1, 3, 3, generator=torch.Generator().manual_seed(2))
     together = _run(config, initial=start, net_y_ups=(net, y, ups))
@@ -162,6 +180,7 @@ def test_cvb_cpl_label_term_on_a_hand_computed_case():
         ({"stop_patience": 0}, ValueError, "stop_patience must be an integer >= 1"),
         ({"stop_below": float("nan")}, ValueError, "stop_below must be a finite number"),
         ({"keep_best": "yes"}, TypeError, "keep_best must be True or False"),
+        ({"best_iterate": "last"}, ValueError, "best_iterate must be one of recorded, after-step"),
         ({"schedule": "cosine"}, ValueError, "unknown schedule 'cosine'"),
     ],
 )

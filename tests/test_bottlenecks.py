@@ -312,6 +312,13 @@ def test_cvb_attack_sets_each_preset_to_the_authors_values() -> None:
     cpl = cvb_attack("cpl", paper, steps=7, lr=0.5)
     assert (cpl.config.steps, cpl.config.lr, cpl.config.init) == (7, 0.5, "normal")
     assert not cpl.config.box and cpl.labels == "given" and cpl.config.keep_best
+    # src/attacks.py, attack_batch: the iterate after the best step, for every attack and scale
+    assert {cvb_attack(a, scale).config.best_iterate
+            for a in ("inverting-gradients", "idlg", "cpl") for scale in (ci, paper)} == {
+        "after-step"
+    }  # fmt: skip
+    kept = ATTACK.changed("paper", {"best_iterate": "recorded"}).at("paper")
+    assert cvb_attack("idlg", kept).config.best_iterate == "recorded"
     assert cpl.parts()["prior"] == {"prior": "logit-label-distance"}
     # the label weight is the model config's attack.regularization, which overrides CPL.yaml's 0.01
     for scale in (ci, paper):

@@ -15,12 +15,21 @@ from dataclasses import dataclass, replace
 from ..validation import require_count, require_number
 from .likelihoods import WEIGHTINGS
 
-__all__ = ["ENGINES", "INITS", "OPTIMIZERS", "SCHEDULES", "AttackConfig", "Setting"]
+__all__ = [
+    "BEST_ITERATES",
+    "ENGINES",
+    "INITS",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "AttackConfig",
+    "Setting",
+]
 
 OPTIMIZERS = ("adam", "lbfgs")
 SCHEDULES = ("exponential", "step", "constant", "plateau")
 INITS = ("normal", "uniform", "zeros", "pattern")
 ENGINES = ("auto", "hooks", "vmap")
+BEST_ITERATES = ("recorded", "after-step")
 
 
 def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
@@ -85,7 +94,11 @@ class AttackConfig:
       keeps its iterate while the others of the batch go on.
     * ``keep_best``: return each attack's iterate of lowest recorded objective
       rather than its last (the CVB authors' loop). These three and the plateau
-      schedule act per attack (:mod:`.control`).
+      schedule act per attack (:mod:`.control`). ``best_iterate`` says which
+      iterate a step that improves the objective keeps: ``"recorded"``, the
+      iterate ``x_t`` whose objective ``f(x_t)`` improved, or ``"after-step"``,
+      the iterate ``x_{t+1}`` that the step from it reached, as the CVB authors'
+      ``attack_batch`` stores it (``src/attacks.py``).
     * ``per_attack``: with L-BFGS, give every attack its own L-BFGS
       (history, step lengths, stopping tests;
       :func:`~leakagelib.attacks.lbfgs.lbfgs_per_attack`) even without the
@@ -141,6 +154,7 @@ class AttackConfig:
     stop_patience: int | None = None
     stop_below: float | None = None
     keep_best: bool = False
+    best_iterate: str = "recorded"
     per_attack: bool = False
 
     def __post_init__(self) -> None:
@@ -190,6 +204,10 @@ class AttackConfig:
                     low=-math.inf, low_open=True)  # fmt: skip
         if not isinstance(self.keep_best, bool):
             raise TypeError(f"keep_best must be True or False, got {self.keep_best!r}")
+        if self.best_iterate not in BEST_ITERATES:
+            raise ValueError(
+                f"best_iterate must be one of {', '.join(BEST_ITERATES)}; got {self.best_iterate!r}"
+            )
         if not isinstance(self.per_attack, bool):
             raise TypeError(f"per_attack must be True or False, got {self.per_attack!r}")
 

@@ -128,8 +128,8 @@ def idlg(
     ``labels="given"`` runs the same loop with known labels (the CVB paper's
     protocol). ``control``: the loop's schedule, early-stopping and
     best-iterate fields of :class:`AttackConfig` (``schedule``, ``decay``,
-    ``plateau_patience``, ``stop_patience``, ``stop_below``, ``keep_best``;
-    the CVB authors' values are :data:`~leakagelib.experiments.cvb_common.CVB_LOOP` with patience 40 and 400).
+    ``plateau_patience``, ``stop_patience``, ``stop_below``, ``keep_best``,
+    ``best_iterate``; the CVB authors' values are :data:`~leakagelib.experiments.cvb_common.CVB_LOOP` with patience 40 and 400).
     Other keywords as :func:`dlg`.
     """
     config = _lbfgs(
@@ -229,8 +229,8 @@ def inverting_gradients(
     lr 0.1 is theirs too; 4000 iterations are those the Bayes paper ran with
     that code (§6). ``weighting="exponential"`` is their layer weighting. Pass
     ``bounds`` (:func:`~leakagelib.attacks.loop.image_bounds`) when calling.
-    ``control``: ``plateau_patience``, ``stop_patience``, ``stop_below`` and
-    ``keep_best`` of :class:`AttackConfig`; the CVB authors' loop is
+    ``control``: ``plateau_patience``, ``stop_patience``, ``stop_below``,
+    ``keep_best`` and ``best_iterate`` of :class:`AttackConfig`; the CVB authors' loop is
     ``schedule="plateau"`` with :data:`~leakagelib.experiments.cvb_common.CVB_LOOP`, patience 400 and 4,000.
     """
     config = AttackConfig(
