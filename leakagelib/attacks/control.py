@@ -28,9 +28,10 @@ recorded. The two part where a step from the best iterate diverges: the
 authors' rule then returns the diverged iterate. On the first 32 of the CVB
 authors' stored CIFAR-10 victims, with ``cvb-cnn``'s seed-0 weights, our
 iDLG gave mean SSIM 0.51 with ``"recorded"`` and 0.46 with ``"after-step"``
-(paired difference 0.05 ± 0.05, 95 % interval), the authors' code 0.41
-(0.05 ± 0.09 below ``"after-step"``); the paper has 0.43 (this CPU,
-2026-11-27; :mod:`leakagelib.experiments.cvb_defenses` has the runs).
+(paired difference 0.05 ± 0.05, 95 % interval), our CPL 0.38 and 0.29
+(0.09 ± 0.05); the authors' code gave 0.41 and 0.33, the paper 0.43 and
+0.32 (this CPU, 2026-11-27; :mod:`leakagelib.experiments.cvb_defenses` has
+the runs).
 
 Used by :func:`leakagelib.attacks.optimizers.adam_loop` and
 :func:`leakagelib.attacks.lbfgs.lbfgs_per_attack` when an
