@@ -180,7 +180,7 @@ def test_cvb_cpl_label_term_on_a_hand_computed_case():
         ({"stop_patience": 0}, ValueError, "stop_patience must be an integer >= 1"),
         ({"stop_below": float("nan")}, ValueError, "stop_below must be a finite number"),
         ({"keep_best": "yes"}, TypeError, "keep_best must be True or False"),
-        ({"best_iterate": "last"}, ValueError, "best_iterate must be one of recorded, after-step"),
+        ({"best_iterate": "last"}, ValueError, "unknown best_iterate 'last'"),
         ({"schedule": "cosine"}, ValueError, "unknown schedule 'cosine'"),
     ],
 )

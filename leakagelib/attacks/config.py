@@ -169,6 +169,7 @@ class AttackConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("init", self.init, INITS)
         _choice("engine", self.engine, ENGINES)
+        _choice("best_iterate", self.best_iterate, BEST_ITERATES)
         require_number(
             "init_scale", self.init_scale, "the normal init's std", low=0.0, low_open=True
         )
@@ -204,10 +205,6 @@ class AttackConfig:
                     low=-math.inf, low_open=True)  # fmt: skip
         if not isinstance(self.keep_best, bool):
             raise TypeError(f"keep_best must be True or False, got {self.keep_best!r}")
-        if self.best_iterate not in BEST_ITERATES:
-            raise ValueError(
-                f"best_iterate must be one of {', '.join(BEST_ITERATES)}; got {self.best_iterate!r}"
-            )
         if not isinstance(self.per_attack, bool):
             raise TypeError(f"per_attack must be True or False, got {self.per_attack!r}")
 
