@@ -112,14 +112,19 @@ def test_a_rounded_number_of_the_papers_stands_for_all_that_round_to_it():
     assert not verdicts.judge(paper, [far], on=["cell"], columns=["ssim"])[0].agrees
 
 
-def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
+def _three_sides() -> list[verdicts.Judgement]:
+    """The paper's SSIM 0.5 against three records: inside, below and above their intervals."""
     paper = [{"k": "a", "ssim": 0.5}, {"k": "b", "ssim": 0.5}, {"k": "c", "ssim": 0.5}]
     rows = [
         {"k": "a", "ssim": 0.51, "ssim_std": 0.1},
         {"k": "b", "ssim": 0.2, "ssim_std": 0.01},
         {"k": "c", "ssim": 0.8, "ssim_std": 0.01},
     ]
-    judged = verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
+    return verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
+
+
+def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
+    judged = _three_sides()
     assert [j.side for j in judged] == ["inside", "below", "above"]
     bound = verdicts.judge([{"k": "a", "psnr": "> 150"}], [{"k": "a", "psnr": 20.0,
                            "psnr_std": 1.0}], ("k",), ("psnr",), 100)  # fmt: skip
@@ -127,13 +132,7 @@ def test_a_judgement_says_on_which_side_of_the_paper_the_record_lies():
 
 
 def test_sides_name_the_rows_of_each_side_and_victims_per_row_the_counts():
-    paper = [{"k": "a", "ssim": 0.5}, {"k": "b", "ssim": 0.5}, {"k": "c", "ssim": 0.5}]
-    rows = [
-        {"k": "a", "ssim": 0.51, "ssim_std": 0.1},
-        {"k": "b", "ssim": 0.2, "ssim_std": 0.01},
-        {"k": "c", "ssim": 0.8, "ssim_std": 0.01},
-    ]
-    judged = verdicts.judge(paper, rows, ("k",), ("ssim",), 100)
+    judged = _three_sides()
     listed = verdicts.sides(judged, lambda r: r["k"].upper())
     assert listed == {"inside": "A", "below": "B", "above": "C", "outside": "none"}
     cifar = [{"dataset": "mnist"}, {"dataset": "cifar10", "n": 32}]
