@@ -445,6 +445,22 @@ def test_table6_runs_on_the_medmnist_files_it_finds_and_names_the_rest(tmp_path,
         assert 0 < len(original) <= 4 and 0.0 <= min(original.min(), recon.min())
         assert max(original.max(), recon.max()) <= 1.0
     assert record["data"]["dermamnist"].startswith("skipped: MedMNIST file")
+    # a dataset whose client 0 holds fewer images than victims stops the run before any attack
+    np.savez(
+        tmp_path / "retinamnist.npz",
+        train_images=rng.integers(0, 256, (4, 28, 28, 3), dtype=np.uint8),  # 1 for client 0
+        train_labels=np.array([[0], [1], [2], [3]]),
+        test_images=rng.integers(0, 256, (2, 28, 28, 3), dtype=np.uint8),
+        test_labels=np.array([[0], [1]]),
+    )
+
+    def no_attack(*args: object, **kwargs: object) -> None:  # not even PneumoniaMNIST's, first
+        raise AssertionError("an attack ran before every dataset's victims were checked")
+
+    monkeypatch.setattr(experiments.cvb_architectures, "run_attack", no_attack)
+    with pytest.raises(ValueError, match="victims of retinamnist, but client 0 trains on only"):
+        experiments.run("cvb/table6-medical", "ci", progress=False)
+    (tmp_path / "retinamnist.npz").unlink()
     (tmp_path / "pneumoniamnist.npz").unlink()
     with pytest.raises(RuntimeError, match="pip install medmnist"):
         experiments.run("cvb/table6-medical", "ci", progress=False)
