@@ -244,6 +244,36 @@ def sides(judgements: Sequence[Judgement], name: Callable[[dict[str, Any]], str]
     return {side: ", ".join(names) or "none" for side, names in grouped.items()}
 
 
+def agreement(
+    paper_rows: Sequence[Mapping[str, Any]],
+    record_rows: Sequence[Mapping[str, Any]],
+    on: Sequence[str],
+    columns: Mapping[str, str],
+    name: Callable[[dict[str, Any]], str],
+    n: int | None = None,
+) -> list[str]:
+    """One clause per column of ``columns`` (column → its name in words) that the record can be
+    judged on (:func:`judge`): "its SSIM agrees with the paper's (to the 95 % interval) for …,
+    is lower for … and higher for …", the rows named by ``name`` (:func:`sides`), and the rows
+    that miss a bound of the paper's where there are any. What the chapters "CVB against
+    attacks and architectures" (Table VI) and "CVB against DP-SGD and gradient compression"
+    (Table IV) say of a paper-scale record beside the paper."""
+    said = []
+    for column, what in columns.items():
+        judged = judge(paper_rows, record_rows, on, (column,), n)
+        if not judged:
+            continue
+        listed = sides(judged, name)
+        clause = (
+            f"its {what} agrees with the paper's (to the 95 % interval) for {listed['inside']}, "
+            f"is lower for {listed['below']} and higher for {listed['above']}"
+        )
+        if listed["outside"] != "none":
+            clause += f", and misses the paper's bound for {listed['outside']}"
+        said.append(clause)
+    return said
+
+
 def victims_per_row(
     rows: Sequence[Mapping[str, Any]], n: int | None, dataset: Callable[[str], str]
 ) -> str:

@@ -140,3 +140,23 @@ def test_sides_name_the_rows_of_each_side_and_victims_per_row_the_counts():
         "victims per row: 128 on MNIST, 32 on CIFAR10"
     )
     assert verdicts.victims_per_row(cifar[:1], 128, str.upper) == "128 victims per row"
+
+
+def test_agreement_says_per_column_where_the_record_lies_against_the_paper():
+    """One clause per judged column, naming the rows on each side; a column without an
+    interval says nothing, and a missed bound is named."""
+    paper = [{"k": "a", "ssim": 0.5, "psnr": "> 150"}, {"k": "b", "ssim": 0.5}]
+    rows = [
+        {"k": "a", "ssim": 0.51, "ssim_std": 0.1, "psnr": 20.0, "psnr_std": 1.0},
+        {"k": "b", "ssim": 0.2, "ssim_std": 0.01, "accuracy": 0.9},
+    ]
+    said = verdicts.agreement(
+        paper, rows, ("k",), {"ssim": "SSIM", "accuracy": "accuracy", "psnr": "PSNR"},
+        lambda r: r["k"].upper(), 100,
+    )  # fmt: skip
+    assert said == [
+        "its SSIM agrees with the paper's (to the 95 % interval) for A, is lower for B and "
+        "higher for none",
+        "its PSNR agrees with the paper's (to the 95 % interval) for none, is lower for none "
+        "and higher for none, and misses the paper's bound for A",
+    ]
