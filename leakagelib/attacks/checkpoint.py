@@ -130,7 +130,9 @@ class LoopCheckpoint:
         if saved.get("key") != self.key:
             raise ValueError(
                 f"{self.path} is the checkpoint of another attack (its config, batch or updates "
-                "differ); delete it to start this attack afresh"
+                "differ; the updates' sums are compared to the last bit, so another thread count "
+                "or device also counts as another attack): resume with the same settings, "
+                "threads and device, or delete it to start this attack afresh"
             )
         torch.set_rng_state(saved["torch_rng"])
         if torch.cuda.is_available() and saved.get("cuda_rng") is not None:
