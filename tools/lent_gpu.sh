@@ -20,12 +20,20 @@ set -u
 seconds=$1
 shift
 export PYTHONUNBUFFERED=1
-data=(--data mnist=.shared-data/mnist_test_0_4999.npz --data cifar10=.shared-data/cifar10_test_0_499.npz)
+python=${PYTHON:-python3}
+data=()  # the offline samples of the datasets these experiments use (naming another is an error)
+for dataset in $("$python" -c 'import sys; from leakagelib import experiments
+print(*sorted({d for i in sys.argv[1:] for d in experiments.get(i).datasets}))' "$@"); do
+  case $dataset in
+    mnist) data+=(--data mnist=.shared-data/mnist_test_0_4999.npz) ;;
+    cifar10) data+=(--data cifar10=.shared-data/cifar10_test_0_499.npz) ;;
+  esac
+done
 changes=()
 for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's images
   case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
 done
-timeout -s TERM -k 60 "$seconds" "${PYTHON:-python3}" -m leakagelib campaign --scale "${SCALE:-paper}" \
+timeout -s TERM -k 60 "$seconds" "$python" -m leakagelib campaign --scale "${SCALE:-paper}" \
   --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet "${data[@]}" \
   "${changes[@]}" --only "$@"
 status=$?
