@@ -39,14 +39,17 @@ def _stop_at(step: int | None):
     return callback
 
 
-def _tiny(config: AttackConfig, checkpoint=None, callback=None):
+def _tiny(config: AttackConfig, checkpoint=None, callback=None, *, victims=1, rounding=0.0):
+    """A small attack on three victims (drawn with seed ``victims``); ``rounding`` moves every
+    update by that relative amount, as float32 sums on another number of threads do."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(9, 6), torch.nn.Sigmoid(),
                               torch.nn.Linear(6, 4))  # fmt: skip
-    x = torch.rand(3, 1, 3, 3, generator=torch.Generator().manual_seed(1))
+    x = torch.rand(3, 1, 3, 3, generator=torch.Generator().manual_seed(victims))
     y = torch.arange(3) % 4
+    updates = {k: u * (1 + rounding) for k, u in per_sample_updates(net, x, y).items()}
     return reconstruct(
-        net, per_sample_updates(net, x, y), labels=y, likelihood=Gaussian(2**-0.5),
+        net, updates, labels=y, likelihood=Gaussian(2**-0.5),
         prior=Uniform(), config=config, input_shape=(1, 3, 3),
         generator=torch.Generator().manual_seed(5), callback=callback, checkpoint=checkpoint,
     )  # fmt: skip
@@ -89,6 +92,36 @@ def test_a_checkpoint_of_another_attack_is_refused(tmp_path):
     _tiny(config, LoopCheckpoint(path, every_s=0))
     with pytest.raises(ValueError, match="checkpoint of another attack"):
         _tiny(config.with_(lr=0.25), LoopCheckpoint(path, every_s=0))
+
+
+def test_a_checkpoint_resumes_on_updates_rounded_otherwise_but_not_on_other_victims(tmp_path):
+    """The same victims' updates in other last bits (another thread count) resume the attack;
+    other victims' updates are another attack."""
+    config = CONFIGS["adam, plateau, best iterate, ball samples"]
+    whole = _tiny(config)
+    path = tmp_path / "attack.pt"
+    with pytest.raises(Killed):
+        _tiny(config, LoopCheckpoint(path, every_s=0), _stop_at(5))
+    with pytest.raises(ValueError, match="checkpoint of another attack"):
+        _tiny(config, LoopCheckpoint(path, every_s=0), victims=2)
+    with pytest.raises(ValueError, match="checkpoint of another attack"):  # beyond float rounding
+        _tiny(config, LoopCheckpoint(path, every_s=0), rounding=1e-3)
+    seen: list[int] = []
+    resumed = _tiny(config, LoopCheckpoint(path, every_s=0), lambda t, _x: seen.append(t),
+                    rounding=1e-7)  # fmt: skip
+    assert seen[0] == 6
+    assert torch.allclose(resumed.images, whole.images, atol=1e-4)
+
+
+def test_a_checkpoint_saved_on_another_device_is_refused_by_name(tmp_path):
+    """Its generators' states belong to the device it ran on (a GPU's do not fit the CPU's)."""
+    config = CONFIGS["L-BFGS per attack"]
+    path = tmp_path / "attack.pt"
+    _tiny(config, LoopCheckpoint(path, every_s=0))
+    saved = torch.load(path, weights_only=True)
+    torch.save({**saved, "devices": ["cuda:0"]}, path)
+    with pytest.raises(ValueError, match="saved by the attack running on cuda:0; resume it there"):
+        _tiny(config, LoopCheckpoint(path, every_s=0))
 
 
 def _cvb_unit(ctx: Context, stop: int | None) -> list[dict]:

@@ -23,8 +23,15 @@ attack finish its step, save, and stop; outside an attack it stops at once.
 
 The file belongs to one attack: a fingerprint of the loop's config, the
 settings, the batch's shape and the observed updates is stored with it, and a
-checkpoint of another attack is refused by name. Files are written
-atomically and read with ``weights_only=True``.
+checkpoint of another attack is refused by name. The updates are known by
+each tensor's sum and sum of squares, compared to the last bit and, failing
+that, to a relative :data:`SUMS_TOLERANCE`: the same victims' updates
+computed on another number of threads differ in their last bits (a resume
+of a Table IV unit on one thread, started on two, was refused), the updates
+of other victims or another model by far more. A checkpoint resumes on the
+device it was saved on, whose random generators it restores; another device
+is refused by name. Files are written atomically and read with
+``weights_only=True``.
 :meth:`leakagelib.experiments.Context.checkpoint` gives one to every attack of
 a paper-scale unit run from the command line (``reproduce --out``), beside
 its partial record.
@@ -33,9 +40,11 @@ its partial record.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -45,7 +54,9 @@ from torch import Tensor
 
 __all__ = [
     "CHECKPOINT_EVERY_S",
+    "Fingerprint",
     "LoopCheckpoint",
+    "SUMS_TOLERANCE",
     "fingerprint",
     "remaining",
     "restore",
@@ -54,6 +65,11 @@ __all__ = [
 
 #: Seconds between two checkpoints of a running attack: at most this much work is lost.
 CHECKPOINT_EVERY_S = 300.0
+
+#: How far (relative) the observed updates' sums may move between the run that saved a
+#: checkpoint and the one that resumes it: float32 rounding of one set of updates on another
+#: number of threads moves them by about 1e-7.
+SUMS_TOLERANCE = 1e-5
 
 #: How many attack loops with a checkpoint are running, and whether a signal asked them to stop.
 _LOOPS = {"running": 0, "stop": False}
@@ -69,16 +85,46 @@ def stop_gracefully(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def fingerprint(parts: Sequence[Any], observed: Mapping[str, Tensor]) -> str:
-    """A digest of an attack: the ``repr`` of ``parts`` (config, settings, shape) and, for every
-    tensor of ``observed``, its name, shape, sum and sum of squares (float64)."""
-    digest = hashlib.sha256("|".join(map(repr, parts)).encode())
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a checkpoint belongs to (:func:`fingerprint`): ``exact``, a digest of everything to
+    the last bit; ``layout``, a digest of the ``parts`` and the tensors' names and shapes; and
+    ``sums``, every tensor's element count, sum and sum of squares (float64)."""
+
+    exact: str
+    layout: str
+    sums: tuple[tuple[int, float, float], ...]
+
+    def matches(self, saved: Mapping[str, Any]) -> bool:
+        """Whether a saved checkpoint's fingerprint is this one: to the last bit, or with the
+        same layout and sums within :data:`SUMS_TOLERANCE` (a sum, which may cancel to near
+        zero, on the scale ``√(n·Σx²)`` that bounds it)."""
+        if saved.get("key") == self.exact:
+            return True
+        theirs = saved.get("sums")
+        if saved.get("layout") != self.layout or theirs is None or len(theirs) != len(self.sums):
+            return False
+        return all(
+            abs(sq - sq2) <= SUMS_TOLERANCE * max(sq, sq2)
+            and abs(total - total2) <= SUMS_TOLERANCE * math.sqrt(n * max(sq, sq2))
+            for (n, total, sq), (_, total2, sq2) in zip(self.sums, theirs, strict=True)
+        )
+
+
+def fingerprint(parts: Sequence[Any], observed: Mapping[str, Tensor]) -> Fingerprint:
+    """The :class:`Fingerprint` of an attack (or a training run): the ``repr`` of ``parts``
+    (config, settings, shape) and, for every tensor of ``observed``, its name, shape, sum and
+    sum of squares (float64)."""
+    exact = hashlib.sha256("|".join(map(repr, parts)).encode())
+    layout = exact.copy()
+    sums = []
     for name in sorted(observed):
         t = observed[name].detach().double()
-        digest.update(
-            f"{name}:{tuple(t.shape)}:{float(t.sum())!r}:{float(t.square().sum())!r}".encode()
-        )
-    return digest.hexdigest()
+        total, square = float(t.sum()), float(t.square().sum())
+        exact.update(f"{name}:{tuple(t.shape)}:{total!r}:{square!r}".encode())
+        layout.update(f"{name}:{tuple(t.shape)}".encode())
+        sums.append((t.numel(), total, square))
+    return Fingerprint(exact.hexdigest(), layout.hexdigest(), tuple(sums))
 
 
 class LoopCheckpoint:
@@ -98,7 +144,7 @@ class LoopCheckpoint:
     def __init__(self, path: str | os.PathLike, *, every_s: float | None = None) -> None:
         self.path = Path(path)
         self.every_s = CHECKPOINT_EVERY_S if every_s is None else every_s
-        self.key = ""
+        self.key = Fingerprint("", "", ())
         self.generators: list[torch.Generator] = []
         self.saved_at = self.started = time.monotonic()
         #: Seconds the loop ran in earlier processes, up to the state :meth:`load` found.
@@ -117,7 +163,7 @@ class LoopCheckpoint:
             if exc_type is None:
                 raise KeyboardInterrupt(f"stopped after the attack; it is saved in {self.path}")
 
-    def bind(self, key: str, generators: Sequence[torch.Generator]) -> None:
+    def bind(self, key: Fingerprint, generators: Sequence[torch.Generator]) -> None:
         """Tie the file to the attack ``key`` (:func:`fingerprint`) and the generators it draws from."""
         self.key, self.generators = key, list(generators)
 
@@ -127,12 +173,17 @@ class LoopCheckpoint:
         if not self.path.exists():
             return None
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
-        if saved.get("key") != self.key:
+        if not self.key.matches(saved):
             raise ValueError(
                 f"{self.path} is the checkpoint of another attack (its config, batch or updates "
-                "differ; the updates' sums are compared to the last bit, so another thread count "
-                "or device also counts as another attack): resume with the same settings, "
-                "threads and device, or delete it to start this attack afresh"
+                "differ); delete it to start this attack afresh"
+            )
+        devices = [str(gen.device) for gen in self.generators]
+        if saved.get("devices", devices) != devices:
+            raise ValueError(
+                f"{self.path} was saved by the attack running on {', '.join(saved['devices'])}; "
+                f"resume it there (this run is on {', '.join(devices)}), or delete it to start "
+                "this attack afresh"
             )
         torch.set_rng_state(saved["torch_rng"])
         if torch.cuda.is_available() and saved.get("cuda_rng") is not None:
@@ -152,12 +203,15 @@ class LoopCheckpoint:
             return
         loop = {**state(), "step": step + 1, "finished": final}
         saved = {
-            "key": self.key,
+            "key": self.key.exact,
+            "layout": self.key.layout,
+            "sums": [list(t) for t in self.key.sums],
             "loop": loop,
             "seconds": self.earlier_s + time.monotonic() - self.started,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
             "generators": [gen.get_state() for gen in self.generators],
+            "devices": [str(gen.device) for gen in self.generators],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
