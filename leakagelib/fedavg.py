@@ -203,7 +203,7 @@ def federated_averaging(
                     reset_optimizer, sorted(wanted), augment is None, defense.describe(), seed]  # fmt: skip
         data = {"images": images, "labels": labels.double(), **global_model.state_dict()}
         checkpoint.bind(fingerprint(settings, data), [g])
-    with checkpoint if checkpoint is not None else nullcontext():
+    with checkpoint or nullcontext():
         _rounds(run, list(zip(locals_, optimizers, shards, strict=True)), images, labels,
                 rounds=rounds, patience=patience, test=test, wanted=wanted,
                 reset=reset_optimizer, epochs=local_epochs, batch_size=batch_size, generator=g,

@@ -189,7 +189,7 @@ def _optimise(
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="attack", leave=False)
-    with checkpoint if checkpoint is not None else nullcontext():  # a signal lets it save first
+    with checkpoint or nullcontext():  # a signal lets a checkpointed loop save first
         if config.optimizer == "adam":
             return adam_loop(config, evaluate, x, z, settings, offsets.draw, clamp, steps,
                              callback, checkpoint)  # fmt: skip
