@@ -280,3 +280,24 @@ def test_engines_agree_through_a_bottleneck_on_restarts_samples_and_two_images(m
     a, b = _both(model, observed, labels, settings, Gaussian(0.1), TotalVariation(), cfg,
                  n=2, restarts=2, k=2)  # fmt: skip
     _close(a, b)
+
+
+@pytest.mark.parametrize("engine", ["hooks", "vmap"])
+def test_the_objective_alone_is_the_objective_of_the_gradient_call(engine):
+    """``grad=False`` (the attack's final evaluation) gives the same objective, and no gradient,
+    without the backward pass."""
+    model, observed, labels = _case("bayes-cnn", (1, 12, 12))
+    shape = (2, 2, 1, 1, 1, 12, 12)
+    f = batched_objective(
+        model, observed, labels, [Setting(0.1, 1.0, 0.3), Setting(0.1, 1.0, 0.0)], Gaussian(0.1),
+        TotalVariation(), AttackConfig(engine=engine), shape=shape, loss="ce",
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(2))  # H × N × R × n × image
+    z = torch.zeros(2, 2, 1, 1, 10)
+    d = torch.zeros(2, 2, 1, 1, 1, 1, 12, 12)
+    gx, _, value = f(x, z, d)
+    assert gx is not None and gx.abs().sum() > 0
+    gx_alone, gz_alone, alone = f(x, z, d, grad=False)
+    assert gx_alone is None and gz_alone is None
+    torch.testing.assert_close(alone, value)

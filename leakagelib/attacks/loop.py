@@ -273,7 +273,7 @@ def run_attack(
         checkpoint.bind(fingerprint([config, settings, shape, names], observed), [offsets.gen])
     x, z, history = _optimise(config, evaluate, x, z, settings, offsets, lo_hi, callback,
                               progress, checkpoint)  # fmt: skip
-    final = torch.nan_to_num(evaluate(x, z, offsets.zero)[2], nan=float("inf"))
+    final = torch.nan_to_num(evaluate(x, z, offsets.zero, grad=False)[2], nan=float("inf"))
     images, objective, est_labels = _best_restart(x, z, final, config)
     return AttackResult(
         images=images.detach(), objective=objective.detach(), all_images=x.detach(),

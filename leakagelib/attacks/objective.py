@@ -147,8 +147,8 @@ def _hooked(
     ]
 
     def evaluate(
-        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None
-    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None, *, grad: bool = True
+    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
         b = betas if beta is None else beta
         x = x.detach().requires_grad_()
         z = z.detach().requires_grad_() if config.optimize_labels else z
@@ -173,6 +173,8 @@ def _hooked(
             value = vmap(prior.log_prob_given, randomness="different")(xs, ts)
             log_prior = log_prior.index_add(0, idx, value.reshape(len(idx), N, R * k))
         value = -(log_lik + b[:, None, None] * log_prior).reshape(H, N, R, k).mean(3)
+        if not grad:  # the objective alone: no backward pass through the simulated updates
+            return None, None, value.detach()
         wrt = [x, z] if config.optimize_labels else [x]
         grads = torch.autograd.grad(value.sum(), wrt)
         return grads[0], grads[1] if config.optimize_labels else None, value.detach()
@@ -201,20 +203,27 @@ def _vmapped(
     distinct_priors, prior_choice = _distinct(priors, weights.device)
     choice = torch.cat([choice, prior_choice], dim=1)
     gradient = functional_gradient(model, loss=loss)
-    f = _over_all_attacks(_one_attack(gradient, params, distinct, distinct_priors, config), config)
+    one = _one_attack(gradient, params, distinct, distinct_priors, config)
+    f, value_only = _over_all_attacks(one, config), _over_all_attacks(one, config, grad=False)
 
     def evaluate(
-        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None
-    ) -> tuple[Tensor, Tensor | None, Tensor]:
-        out, value = f(x, z, y, observed, weights, choice, betas if beta is None else beta, d)
+        x: Tensor, z: Tensor, d: Tensor, beta: Tensor | None = None, *, grad: bool = True
+    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
+        args = (x, z, y, observed, weights, choice, betas if beta is None else beta, d)
+        if not grad:
+            return None, None, value_only(*args).detach()
+        out, value = f(*args)
         gx, gz = out if config.optimize_labels else (out, None)
         return gx, gz, value
 
     return evaluate
 
 
-def _over_all_attacks(one_attack: Callable[..., Tensor], config: AttackConfig) -> Callable:
-    """``grad_and_value`` of one attack, mapped over restarts, updates and settings.
+def _over_all_attacks(
+    one_attack: Callable[..., Tensor], config: AttackConfig, *, grad: bool = True
+) -> Callable:
+    """``grad_and_value`` of one attack (with ``grad=False`` its value alone), mapped over
+    restarts, updates and settings.
 
     Restarts vary ``x``, ``z`` and the offsets ``d`` only; the updates and
     labels vary over ``N`` and are shared by settings and restarts; the layer
@@ -223,7 +232,7 @@ def _over_all_attacks(one_attack: Callable[..., Tensor], config: AttackConfig) -
     independent clients would; deterministic models are unaffected.
     """
     argnums = (0, 1) if config.optimize_labels else 0
-    f = grad_and_value(one_attack, argnums=argnums)
+    f = grad_and_value(one_attack, argnums=argnums) if grad else one_attack
     f = vmap(f, in_dims=(0, 0, None, None, None, None, None, 0), randomness="different")  # R
     f = vmap(f, in_dims=(0, 0, 0, 0, None, None, None, 0), randomness="different")  # updates: N
     return vmap(f, in_dims=(0, 0, None, None, 0, 0, 0, 0), randomness="different")  # settings: H

@@ -27,9 +27,11 @@ from .control import Watch
 
 __all__ = ["Evaluate", "adam_loop", "annealed", "lbfgs_loop"]
 
-#: ``evaluate(x, z, d, beta=None) -> (∂/∂x, ∂/∂z or None, objective)`` of every attack of a
-#: batch; ``beta`` (one per setting) replaces the settings' prior weights for one call.
-Evaluate = Callable[..., tuple[Tensor, Tensor | None, Tensor]]
+#: ``evaluate(x, z, d, beta=None, *, grad=True) -> (∂/∂x, ∂/∂z or None, objective)`` of every
+#: attack of a batch; ``beta`` (one per setting) replaces the settings' prior weights for one
+#: call; ``grad=False`` gives the objective alone (``(None, None, objective)``), without the
+#: backward pass through the simulated updates that a step's gradient costs.
+Evaluate = Callable[..., tuple[Tensor | None, Tensor | None, Tensor]]
 
 #: Adam's moment decays and its denominator's epsilon (Kingma & Ba 2015, the defaults).
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
