@@ -46,7 +46,14 @@ Speed section for the numbers):
   the same) measured 977–1,028 image-steps/s against 975–1,025 without them
   on 2 threads and 585–650 against 553–603 on one (three interleaved runs
   each, 64 attacks, 10 steps; 2026-11-27, the paper-scale run paused): within
-  the runs' spread, so they were not kept.
+  the runs' spread, so they were not kept; again with freed memory kept
+  (below) on 2026-11-28: 967–1,010 against 943–996.
+* glibc hands the step's freed 6.4 MB activation blocks back to the kernel
+  and faults them in again (204,389 minor faults in 20 steps); with
+  ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647`` it
+  keeps them (39,204, the one-off float64 copy of ``fc1``'s update) and the
+  batch runs 1.1–1.8× faster; the loop does not change. The record's
+  ``allocator`` names the settings a run had.
 
 Usage: ``python benchmarks/attack_throughput.py [--steps 20] [--images 64]
 [--threads N] [--profile [--device cuda]]`` (without ``--profile`` it measures on the CPU
@@ -60,7 +67,7 @@ import json
 import time
 
 import torch
-from machine import matmul_peak, sync
+from machine import allocator_settings, matmul_peak, sync
 from torch.utils.flop_counter import FlopCounterMode
 
 from leakagelib.attacks import Gaussian, preset
@@ -101,6 +108,7 @@ def measure(device: str, steps: int, images: int) -> dict[str, object]:
     _attack(model, one, y[:1], 2, device, "hooks")  # warm-up (allocations, kernels)
     out: dict[str, object] = {"device": device, "images": images, "steps": steps}
     out["threads"] = torch.get_num_threads()
+    out["allocator"] = allocator_settings()
     out["one_image"] = steps / _attack(model, one, y[:1], steps, device, "auto")
     for engine in ("hooks", "vmap"):
         out[f"batched_{engine}"] = steps * images / _attack(model, ups, y, steps, device, engine)

@@ -7,11 +7,19 @@ speed-up can be checked against what the arithmetic allows.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
-__all__ = ["matmul_peak", "sync"]
+__all__ = ["allocator_settings", "matmul_peak", "sync"]
+
+
+def allocator_settings() -> dict[str, str]:
+    """The C allocator's settings this process was started with (glibc's ``MALLOC_*_``
+    variables and ``GLIBC_TUNABLES``), for a benchmark's record: they move the batched
+    attacks' speed (README, Speed), so a number is quoted with them."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
 
 
 def sync(device: str) -> None:
