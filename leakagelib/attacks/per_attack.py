@@ -258,13 +258,8 @@ class Observed:
         return self._made[key]
 
     def square(self, name: str) -> Tensor:
-        """``‖g‖²`` of every observed update's ``name`` (``N``, float64).
-
-        Read from the float64 copy where :meth:`wide` has made one: the norm's
-        cast would otherwise copy the update a second time (for ``bayes-cnn``'s
-        ``fc1``, 64 × 313,600 doubles: a quarter of a second of fresh memory
-        in a profile of 8 steps, ``benchmarks/attack_throughput.py --profile``).
-        """
+        """``‖g‖²`` of every observed update's ``name`` (``N``, float64), read from the float64
+        copy where :meth:`wide` made one (casting anew copied ``fc1``'s 160 MB once more)."""
         if name not in self._square:
             flat = self._wide.get(name, self.update[name]).flatten(1)
             self._square[name] = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64) ** 2
