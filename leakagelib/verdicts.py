@@ -42,6 +42,7 @@ __all__ = [
     "interval",
     "judge",
     "rounding",
+    "setting_used",
     "sides",
     "verdict",
     "victims_per_row",
@@ -221,16 +222,24 @@ def _each(row: Mapping[str, Any], column: str, paper: Any) -> tuple[float, float
     return float(value), float(value)
 
 
-def images_per_row(exp: Any, record: Mapping[str, Any]) -> int | None:
-    """How many images stand behind a record row that does not say (its ``n``): the
-    ``victims`` the run used (``reproduce --set victims=…``, which the record keeps in
-    ``settings_changed``), else the experiment's registered value at the record's scale. The
-    ``n`` that :func:`judge` needs, for the reproduction index and for a chapter that judges a
-    record in its text (``variational_bottlenecks``)."""
-    changed = record.get("settings_changed", {}).get("victims")
+def setting_used(exp: Any, record: Mapping[str, Any], name: str) -> Any:
+    """The value of setting ``name`` that a record's run used: the one it changed
+    (``reproduce --set``, which the record keeps in ``settings_changed``), else the
+    experiment's registered value at the record's scale (``None`` where it has no such
+    setting). Chapter "CVB against attacks and architectures" reads which iterate its
+    Table III record returned (``best_iterate``)."""
+    changed = record.get("settings_changed", {}).get(name)
     if changed is not None:
         return changed["used"]
-    return exp.config.at(record.get("scale", "paper")).get("victims")
+    return exp.config.at(record.get("scale", "paper")).get(name)
+
+
+def images_per_row(exp: Any, record: Mapping[str, Any]) -> int | None:
+    """How many images stand behind a record row that does not say (its ``n``): the
+    ``victims`` its run used (:func:`setting_used`). The ``n`` that :func:`judge` needs, for
+    the reproduction index and for a chapter that judges a record in its text
+    (``variational_bottlenecks``)."""
+    return setting_used(exp, record, "victims")
 
 
 def sides(judgements: Sequence[Judgement], name: Callable[[dict[str, Any]], str]) -> dict[str, str]:

@@ -160,3 +160,18 @@ def test_agreement_says_per_column_where_the_record_lies_against_the_paper():
         "its PSNR agrees with the paper's (to the 95 % interval) for none, is lower for none "
         "and higher for none, and misses the paper's bound for A",
     ]
+
+
+def test_the_setting_a_record_ran_with_is_its_change_else_the_registered_value():
+    """``verdicts.setting_used``: what ``cvb_attacks`` reads to tell a Table III record that kept
+    the lowest-loss iterate (a run changed ``best_iterate`` to "recorded") from one that follows
+    the authors' rule (the registered value)."""
+    from leakagelib import experiments
+
+    exp = experiments.get("cvb/table3-attacks")
+    registered = exp.config.at("paper").get("best_iterate")
+    assert registered != "recorded"
+    assert verdicts.setting_used(exp, {"scale": "paper"}, "best_iterate") == registered
+    first = {"scale": "paper", "settings_changed": {"best_iterate": {"used": "recorded"}}}
+    assert verdicts.setting_used(exp, first, "best_iterate") == "recorded"
+    assert verdicts.setting_used(exp, first, "no-such-setting") is None
