@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from functools import partial
 
 import pytest
 import torch
@@ -193,3 +194,37 @@ def test_a_signal_in_the_last_step_keeps_the_finished_attack_and_still_stops(tmp
     seen: list[int] = []
     again = _tiny(config, LoopCheckpoint(path), lambda t, _x: seen.append(t))
     assert seen == [] and torch.equal(again.images, whole.images)  # kept, not run again
+
+
+def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_path, monkeypatch):
+    """``rgap/fig4-resnet-skip`` (24,000 attack steps per network at paper scale): a run killed
+    in its first network's attack resumes that attack at the step it saved and ends with the
+    uninterrupted run's rows."""
+    from leakagelib import experiments
+
+    monkeypatch.setattr("leakagelib.attacks.checkpoint.CHECKPOINT_EVERY_S", 0.0)
+    fig4 = partial(experiments.run, "rgap/fig4-resnet-skip", progress=False,
+                   changes={"attack_steps": 8, "victims": 1})  # fmt: skip
+    whole = fig4()["rows"]
+    tick, load = LoopCheckpoint.tick, LoopCheckpoint.load
+    ticks, loaded = [], []
+
+    def killed_at_step_4(self, step, state, *, final=False):
+        ticks.append(step)
+        if step == 4:
+            raise Killed
+        tick(self, step, state, final=final)
+
+    def record() -> PartialRecord:
+        return PartialRecord(tmp_path / "f.json.partial", {"experiment": "f"}, resume=True)
+
+    monkeypatch.setattr(LoopCheckpoint, "tick", killed_at_step_4)
+    with pytest.raises(Killed):
+        fig4(partial=record())
+    monkeypatch.setattr(LoopCheckpoint, "tick", tick)
+    monkeypatch.setattr(
+        LoopCheckpoint, "load", lambda self: loaded.append(load(self)) or loaded[-1]
+    )
+    resumed = fig4(partial=record())["rows"]
+    assert ticks == [0, 1, 2, 3, 4] and loaded[0]["step"] == 4  # saved after step 3, resumed
+    assert resumed == whole

@@ -5,9 +5,11 @@ in float64 with R-GAP's logistic loss on images in [0, 1] (no normalisation).
 As in the authors' code (JunyiZhu-AI/R-GAP, ``main.py``), the model is
 initialised after seeding and the label is chosen so that μ < 0 (then μ is
 unique), except in ``rgap/twin-data`` and ``rgap/twin-dlg``, which want the
-twin. Used by :mod:`.rgap_closed_form`, :mod:`.rgap_rank` and :mod:`.rgap_twin`;
-:func:`solve_net` and :func:`dlg_net` name their networks for ``campaign``'s
-estimates (:mod:`.work`).
+twin. Used by every R-GAP experiment module (:mod:`.rgap_closed_form`,
+:mod:`.rgap_lenet`, :mod:`.rgap_losses`, :mod:`.rgap_rank`,
+:mod:`.rgap_resnet_skip`, :mod:`.rgap_skip`, :mod:`.rgap_batch_noise` and
+:mod:`.rgap_twin`); :func:`solve_net` and :func:`dlg_net` name their networks
+for ``campaign``'s estimates (:mod:`.work`, :mod:`.estimate`).
 """
 
 from __future__ import annotations

@@ -149,7 +149,9 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
     :func:`~leakagelib.attacks.presets.inverting_gradients` preset (the
     approach of Geiping et al. 2020 that §5 uses) on single-image updates of
     the test split, label given, BatchNorm in eval mode. Chapter "Rank
-    analysis" shows these rows. One unit per network.
+    analysis" shows these rows. One unit per network; in a command-line run
+    its attack saves its loop every few minutes
+    (:meth:`~leakagelib.experiments.Context.checkpoint`).
     """
     cfg = ctx.config
     train_x, train_y, norm = ctx.dataset("cifar10", split="train")
@@ -168,9 +170,12 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
         case = build_case(
             model, test_x[: cfg.victims], test_y[: cfg.victims], norm, device=ctx.device
         )
+        # 24,000 steps at paper scale (hours on a CPU): a killed unit's attack resumes where it
+        # was (the training before it is seeded, so it gives the same update again)
         result = case.attack(
             inverting_gradients(steps=cfg.attack_steps, tv=cfg.attack_tv),
             generator=ctx.generator(4),
+            checkpoint=ctx.checkpoint(),
         )
         rec = case.reconstructions(result).clamp(0, 1)
         # the MSE in the attack's float32, as this experiment's records have it
