@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .. import fl, records
 from ..attacks.presets import inverting_gradients
+from ..data import Normalizer
 from ..models import build
 from ..rgap import rank_analysis
 from .case import build_case
@@ -126,6 +127,26 @@ def _train_best(ctx: Context, net: nn.Module, x: Tensor, y: Tensor) -> nn.Module
     return model.eval()
 
 
+def _attacked(
+    ctx: Context, model: nn.Module, images: Tensor, labels: Tensor, norm: Normalizer
+) -> tuple[Tensor, Tensor]:
+    """Inverting Gradients on each victim's single-image update of ``model``: the victims and
+    their reconstructions, clamped to [0, 1].
+
+    At paper scale the attack runs 24,000 steps, hours on a CPU: in a command-line run it saves
+    its loop, and a unit killed in it resumes there (the training before it is seeded, so it
+    gives the same update again).
+    """
+    cfg = ctx.config
+    case = build_case(model, images, labels, norm, device=ctx.device)
+    result = case.attack(
+        inverting_gradients(steps=cfg.attack_steps, tv=cfg.attack_tv),
+        generator=ctx.generator(4),
+        checkpoint=ctx.checkpoint(),
+    )
+    return case.images, case.reconstructions(result).clamp(0, 1)
+
+
 @experiment(
     "rgap/fig4-resnet-skip",
     row_keys=("model", "cut_skip", "ra_i", "critical", "accuracy", "mse"),
@@ -167,19 +188,9 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
         analysis = rank_analysis(net, DATASETS["cifar10"])
         model = _train_best(ctx, net, train_x, train_y)
         accuracy = fl.accuracy(model, test_xn, test_yd)
-        case = build_case(
-            model, test_x[: cfg.victims], test_y[: cfg.victims], norm, device=ctx.device
-        )
-        # 24,000 steps at paper scale (hours on a CPU): a killed unit's attack resumes where it
-        # was (the training before it is seeded, so it gives the same update again)
-        result = case.attack(
-            inverting_gradients(steps=cfg.attack_steps, tv=cfg.attack_tv),
-            generator=ctx.generator(4),
-            checkpoint=ctx.checkpoint(),
-        )
-        rec = case.reconstructions(result).clamp(0, 1)
+        images, rec = _attacked(ctx, model, test_x[: cfg.victims], test_y[: cfg.victims], norm)
         # the MSE in the attack's float32, as this experiment's records have it
-        err = (rec - case.images.to(rec.dtype)).pow(2).flatten(1).mean(dim=1)
+        err = (rec - images.to(rec.dtype)).pow(2).flatten(1).mean(dim=1)
         return [
             {
                 "model": variant,
@@ -191,7 +202,7 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
                 "mse_std": float(err.std()) if len(err) > 1 else 0.0,
                 "n": len(err),
                 "attack_steps": cfg.attack_steps,
-                "pictures": records.pictures(case.images, rec, PICTURES),
+                "pictures": records.pictures(images, rec, PICTURES),
             }
         ]
 
