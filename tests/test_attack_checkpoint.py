@@ -1,7 +1,7 @@
 """An attack killed halfway and resumed from its checkpoint ends exactly where the uninterrupted
 attack ends (Adam with the plateau schedule and ball samples, L-BFGS per attack, a CVB network
 that draws noise in every forward pass), and a paper-scale unit keeps its attacks' checkpoints
-beside its partial record until the unit is saved."""
+(and Figure 4's its trained network) beside its partial record until the unit is saved."""
 
 from __future__ import annotations
 
@@ -198,20 +198,21 @@ def test_a_signal_in_the_last_step_keeps_the_finished_attack_and_still_stops(tmp
 
 def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_path, monkeypatch):
     """``rgap/fig4-resnet-skip`` (24,000 attack steps per network at paper scale): a run killed
-    in its first network's attack resumes that attack at the step it saved and ends with the
-    uninterrupted run's rows."""
+    in its first network's attack resumes that attack at the step it saved, on the trained
+    network it kept (not trained again), and ends with the uninterrupted run's rows."""
     from leakagelib import experiments
+    from leakagelib.experiments import rgap_resnet_skip
 
     monkeypatch.setattr("leakagelib.attacks.checkpoint.CHECKPOINT_EVERY_S", 0.0)
     fig4 = partial(experiments.run, "rgap/fig4-resnet-skip", progress=False,
                    changes={"attack_steps": 8, "victims": 1})  # fmt: skip
     whole = fig4()["rows"]
-    tick, load = LoopCheckpoint.tick, LoopCheckpoint.load
-    ticks, loaded = [], []
+    tick, load, train = LoopCheckpoint.tick, LoopCheckpoint.load, rgap_resnet_skip._train_best
+    ticks, loaded, trained = [], [], []
 
     def killed_at_step_4(self, step, state, *, final=False):
-        ticks.append(step)
-        if step == 4:
+        ticks.append((step, final))
+        if (step, final) == (4, False):
             raise Killed
         tick(self, step, state, final=final)
 
@@ -221,10 +222,14 @@ def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_pat
     monkeypatch.setattr(LoopCheckpoint, "tick", killed_at_step_4)
     with pytest.raises(Killed):
         fig4(partial=record())
+    assert ticks == [(0, True), (0, False), (1, False), (2, False), (3, False), (4, False)]
     monkeypatch.setattr(LoopCheckpoint, "tick", tick)
     monkeypatch.setattr(
         LoopCheckpoint, "load", lambda self: loaded.append(load(self)) or loaded[-1]
     )
+    monkeypatch.setattr(rgap_resnet_skip, "_train_best", lambda *a: trained.append(1) or train(*a))
     resumed = fig4(partial=record())["rows"]
-    assert ticks == [0, 1, 2, 3, 4] and loaded[0]["step"] == 4  # saved after step 3, resumed
+    # the first network's weights as trained (step 0, final), its attack saved after step 3
+    assert [(s["step"], s["finished"]) for s in loaded[:2]] == [(1, True), (4, False)]
+    assert len(trained) == 2  # only the two networks not reached before the kill
     assert resumed == whole

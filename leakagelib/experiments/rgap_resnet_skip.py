@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import fl, records
+from ..attacks.checkpoint import LoopCheckpoint, fingerprint
 from ..attacks.presets import inverting_gradients
 from ..data import Normalizer
 from ..models import build
@@ -127,22 +128,49 @@ def _train_best(ctx: Context, net: nn.Module, x: Tensor, y: Tensor) -> nn.Module
     return model.eval()
 
 
+def _trained(
+    ctx: Context, net: nn.Module, x: Tensor, y: Tensor, checkpoint: LoopCheckpoint | None
+) -> nn.Module:
+    """:func:`_train_best`'s network, its weights kept in ``checkpoint`` (a command-line run).
+
+    A unit killed in its attack resumes the attack only on the same update: retrained on a GPU,
+    whose convolution and pooling gradients are not deterministic, the network would differ in
+    its last bits and the attack's checkpoint be refused. So the trained weights are saved once
+    training ends and read back, instead of training again, when the unit resumes.
+    """
+    if checkpoint is None:
+        return _train_best(ctx, net, x, y)
+    data = {"x": x, "y": y.double(), **net.state_dict()}
+    checkpoint.bind(fingerprint([ctx.config, "the trained network"], data), [])
+    saved = checkpoint.load()
+    if saved is not None:
+        net.load_state_dict(saved["weights"])
+        return net.eval()
+    model = _train_best(ctx, net, x, y)
+    checkpoint.tick(0, lambda: {"weights": model.state_dict()}, final=True)
+    return model
+
+
 def _attacked(
-    ctx: Context, model: nn.Module, images: Tensor, labels: Tensor, norm: Normalizer
+    ctx: Context,
+    model: nn.Module,
+    victims: tuple[Tensor, Tensor],
+    norm: Normalizer,
+    checkpoint: LoopCheckpoint | None,
 ) -> tuple[Tensor, Tensor]:
     """Inverting Gradients on each victim's single-image update of ``model``: the victims and
     their reconstructions, clamped to [0, 1].
 
-    At paper scale the attack runs 24,000 steps, hours on a CPU: in a command-line run it saves
-    its loop, and a unit killed in it resumes there (the training before it is seeded, so it
-    gives the same update again).
+    At paper scale the attack runs 24,000 steps, hours on a CPU and longer than a lent GPU's
+    command: in a command-line run it saves its loop in ``checkpoint``, and a unit killed in it
+    resumes there.
     """
     cfg = ctx.config
-    case = build_case(model, images, labels, norm, device=ctx.device)
+    case = build_case(model, *victims, norm, device=ctx.device)
     result = case.attack(
         inverting_gradients(steps=cfg.attack_steps, tv=cfg.attack_tv),
         generator=ctx.generator(4),
-        checkpoint=ctx.checkpoint(),
+        checkpoint=checkpoint,
     )
     return case.images, case.reconstructions(result).clamp(0, 1)
 
@@ -171,8 +199,9 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
     approach of Geiping et al. 2020 that §5 uses) on single-image updates of
     the test split, label given, BatchNorm in eval mode. Chapter "Rank
     analysis" shows these rows. One unit per network; in a command-line run
-    its attack saves its loop every few minutes
-    (:meth:`~leakagelib.experiments.Context.checkpoint`).
+    the unit keeps its trained network and its attack's loop, saved every few
+    minutes (:meth:`~leakagelib.experiments.Context.checkpoint`), so a unit
+    killed in its attack resumes there.
     """
     cfg = ctx.config
     train_x, train_y, norm = ctx.dataset("cifar10", split="train")
@@ -186,9 +215,13 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
         torch.manual_seed(ctx.seed)
         net = _fig4_net(cut).to(ctx.device)
         analysis = rank_analysis(net, DATASETS["cifar10"])
-        model = _train_best(ctx, net, train_x, train_y)
+        # a command-line run's checkpoint files: the attack's (the unit's first, as in runs
+        # begun before the trained network was kept), then the trained network's
+        attack_file = ctx.checkpoint()
+        model = _trained(ctx, net, train_x, train_y, ctx.checkpoint())
         accuracy = fl.accuracy(model, test_xn, test_yd)
-        images, rec = _attacked(ctx, model, test_x[: cfg.victims], test_y[: cfg.victims], norm)
+        victims = (test_x[: cfg.victims], test_y[: cfg.victims])
+        images, rec = _attacked(ctx, model, victims, norm, attack_file)
         # the MSE in the attack's float32, as this experiment's records have it
         err = (rec - images.to(rec.dtype)).pow(2).flatten(1).mean(dim=1)
         return [
