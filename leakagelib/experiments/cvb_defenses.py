@@ -85,9 +85,10 @@ CPU, 2026-11-27; ± is 1.96 standard errors over the images) show:
 
 The CVB records made before ``best_iterate`` existed (Tables I, II and III,
 Figure 9) say ``"recorded"`` in their ``settings_changed``; Table IV's record,
-begun before the rule, kept it for all its units, so that its rows agree. Scoring in the normalised space, as the authors'
-metrics do (``rate_reconstruction_quality`` on the normalised tensors), moves
-Table III's record's pictured CIFAR-10 images' SSIM by at most 0.05 either way.
+begun before the rule, kept it for all its units, so that its rows agree.
+Scoring in the normalised space, as the authors' metrics do
+(``rate_reconstruction_quality`` on the normalised tensors), moves Table
+III's record's pictured CIFAR-10 images' SSIM by at most 0.05 either way.
 
 **Table IV's record** (this CPU, one thread, 2026-11-27/28, 13 h 19 min; 128
 MNIST and 32 CIFAR-10 victims). With CVB no image is recovered (ASR 0; SSIM
