@@ -233,3 +233,46 @@ def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_pat
     assert [(s["step"], s["finished"]) for s in loaded[:2]] == [(1, True), (4, False)]
     assert len(trained) == 2  # only the two networks not reached before the kill
     assert resumed == whole
+
+
+def test_table2_resumes_a_unit_killed_in_its_search_on_the_network_it_kept(tmp_path, monkeypatch):
+    """``bayes/table2`` (hours a unit on a CPU at paper scale): a run killed in the search of a
+    step-500 cell keeps the trained network and the finished programs of the search; resumed,
+    it trains nothing, replays those programs and ends with the uninterrupted run's rows."""
+    from leakagelib import experiments, fl
+    from leakagelib.attacks import search as search_module
+
+    monkeypatch.setattr("leakagelib.attacks.checkpoint.CHECKPOINT_EVERY_S", 0.0)
+    monkeypatch.setattr("leakagelib.attacks.programs.CPU_PROGRAM_ATTACKS", 2)  # many programs
+    changes = {"datasets": ("mnist",), "train_steps": (3,), "steps": 3, "victims": 2}
+    table2 = partial(experiments.run, "bayes/table2", progress=False, changes=changes)
+    whole = table2()["rows"]
+    tick, train, run_together = LoopCheckpoint.tick, fl.train, search_module.run_together
+    ticks, trained, programs = [], [], []
+
+    def killed_in_the_search(self, step, state, *, final=False):
+        ticks.append((step, final))
+        if (step, final) == (2, False):
+            raise Killed
+        tick(self, step, state, final=final)
+
+    def record() -> PartialRecord:
+        return PartialRecord(tmp_path / "t.json.partial", {"experiment": "t"}, resume=True)
+
+    monkeypatch.setattr(LoopCheckpoint, "tick", killed_in_the_search)
+    with pytest.raises(Killed):
+        table2(partial=record())
+    # the network kept as trained (step 0, final), then the search's programs 0, 1 and 2
+    assert ticks == [(0, True), (0, False), (1, False), (2, False)]
+    monkeypatch.setattr(LoopCheckpoint, "tick", tick)
+    monkeypatch.setattr(fl, "train", lambda *a, **k: trained.append(1) or train(*a, **k))
+    monkeypatch.setattr(
+        search_module, "run_together", lambda **k: programs.append(1) or run_together(**k)
+    )
+    resumed = table2(partial=record())["rows"]
+    assert trained == []
+    fresh = len(programs)
+    programs.clear()
+    table2(partial=None)  # how many programs the search runs in all
+    assert fresh == len(programs) - 2  # programs 0 and 1 were saved before the kill
+    assert resumed == whole

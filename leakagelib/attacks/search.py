@@ -34,7 +34,9 @@ f = 1000/2ᵏ while f > 10⁻⁴ (24 values). So β = c throughout and
 ``beta_start = c / min(f n², 1)``.
 
 Each stage runs *every* attack and every candidate as settings of one
-batched program (:func:`leakagelib.attacks.attack.run_together`). Scores are
+batched program (:func:`leakagelib.attacks.attack.run_together`), on a CPU
+in pieces that fit its memory, and kept as they finish so that a search
+killed halfway resumes (:mod:`.programs`). Scores are
 mean PSNR against the tuning images, data range 1, no clipping, as the
 authors' ``compute_matching``. Used by the experiments ``bayes/table2`` and
 ``bayes/table5-priors`` and the chapter "Bayes versus heuristics under
@@ -56,7 +58,9 @@ from torch import Tensor, nn
 
 from .. import metrics
 from .attack import Attack, run_together
+from .checkpoint import LoopCheckpoint, fingerprint
 from .config import Setting
+from .programs import Programs, piece_size
 from .result import AttackResult
 
 Update = dict[str, Tensor]
@@ -263,38 +267,48 @@ def _tied_mean(factors: Sequence[float], psnr: Sequence[float]) -> tuple[float, 
     return (float(np.mean(tied)) if tied else float(factors[0])), best
 
 
-def _run_stage(
-    stage: str,
+def _scores(
     cands: Candidates,
     *,
     attacks: Mapping[str, Attack],
     truth: Tensor,
     denormalize: Callable[[Tensor], Tensor],
-    rows: list[dict[str, object]],
     **options: Any,
 ) -> np.ndarray:
-    """One stage's candidates as one batched program: PSNR per candidate, a row each in ``rows``.
+    """Candidates as one batched program: their PSNRs.
 
     ``options`` go to :func:`~leakagelib.attacks.attack.run_together`.
     """
     result = run_together(
         attacks=[attacks[a] for a, _ in cands], settings=[s for _, s in cands], **options
     )
-    psnr = score(result, truth, denormalize).numpy()
-    rows.extend(
-        {
-            "stage": stage,
-            "attack": a,
-            "lr": s.lr,
-            "decay": s.decay,
-            "beta": s.beta,
-            "beta_start": s.beta_start,
-            "weighting": s.weighting or "default",
-            "psnr": float(p),
-        }
-        for (a, s), p in zip(cands, psnr, strict=True)
-    )
-    return psnr
+    return score(result, truth, denormalize).numpy()
+
+
+def _stage(
+    programs: Programs,
+    name: str,
+    per: dict[str, list[tuple[float, Setting]]],
+    *,
+    rows: list[dict[str, object]],
+    factor: dict[str, float],
+    best: dict[str, Setting],
+    best_psnr: dict[str, float],
+) -> dict[str, np.ndarray]:
+    """Run stage ``name`` for the attacks in ``per`` (factor, setting), a row per candidate in
+    ``rows``; keep each attack's best factor, setting and PSNR; return its PSNRs per attack."""
+    cands = [(a, s) for a, items in per.items() for _, s in items]
+    psnr = programs.stage(cands)
+    rows.extend({"stage": name, "attack": a, "lr": s.lr, "decay": s.decay, "beta": s.beta,
+                 "beta_start": s.beta_start, "weighting": s.weighting or "default",
+                 "psnr": float(p)} for (a, s), p in zip(cands, psnr, strict=True))  # fmt: skip
+    out, lo = {}, 0
+    for a, items in per.items():
+        out[a], lo = psnr[lo : lo + len(items)], lo + len(items)
+        i = int(np.argmax(np.nan_to_num(out[a], nan=-np.inf)))  # the first best, as the tuners
+        factor[a], best[a] = items[i]
+        best_psnr[a] = float(np.nan_to_num(out[a][i], nan=-np.inf))
+    return out
 
 
 def search(
@@ -310,52 +324,51 @@ def search(
     generator: torch.Generator | None = None,
     device: str | torch.device | None = None,
     bounds: tuple[Tensor, Tensor] | None = None,
+    program_attacks: int | None = None,
+    checkpoint: LoopCheckpoint | None = None,
 ) -> SearchResult:
     """Tune every attack in ``attacks`` (name → preset) with its :class:`Tuner` on ``updates``.
 
     The attacks share their loop and may differ in likelihood and prior (A.4's
     priors are searched so); a grid that anneals β needs ``anneal_steps`` in
     their config. ``labels`` is ``N × n``, ``truth`` the tuning inputs ``N × n
-    × ...`` in [0, 1]. The best setting is the last stage's.
+    × ...`` in [0, 1]. The best setting is the last stage's. A stage runs as programs of
+    at most ``program_attacks`` attacks (default: a stage at once on a GPU,
+    :data:`~.programs.CPU_PROGRAM_ATTACKS` on a CPU; :mod:`.programs`), which
+    ``checkpoint`` keeps as they finish, so that a search killed halfway resumes.
     """
     if not attacks or any(a not in tuners for a in attacks):
         raise KeyError(
             f"need attacks, each with a tuner; no tuner for {set(attacks) - set(tuners)}"
         )
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, object]] = []  # a row per candidate tried
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    run = partial(
-        _run_stage, attacks=attacks, truth=truth, denormalize=denormalize, rows=rows, model=model,
-        updates=updates, labels=labels, input_shape=input_shape, bounds=bounds, generator=gen,
-        device=device,
-    )  # fmt: skip
-    best: dict[str, Setting] = {}
-    best_psnr: dict[str, float] = {}
-    factor: dict[str, float] = {}
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    size = piece_size(device, next(iter(updates.values())).shape[0], program_attacks)
+    if checkpoint is not None:
+        parts = [sorted(tuners.items()), sorted(attacks.items()), input_shape, size, bounds]
+        checkpoint.bind(fingerprint(parts, {**updates, "truth": truth, "labels": labels}), [])
+    run = partial(_scores, attacks=attacks, truth=truth, denormalize=denormalize, model=model,
+                  updates=updates, labels=labels, input_shape=input_shape, bounds=bounds,
+                  generator=gen, device=device)  # fmt: skip
+    programs = Programs(run, gen, size, checkpoint)
+    best, best_psnr, factor = {}, {}, {}  # per attack: its setting, PSNR and factor so far
+    stage = partial(_stage, programs, rows=rows, factor=factor, best=best, best_psnr=best_psnr)
 
-    def stage(name: str, per: dict[str, list[tuple[float, Setting]]]) -> dict[str, np.ndarray]:
-        """Run one stage for the attacks in ``per``; keep each one's best; its PSNRs per attack."""
-        psnr = run(name, [(a, s) for a, items in per.items() for _, s in items])
-        out, lo = {}, 0
-        for a, items in per.items():
-            out[a], lo = psnr[lo : lo + len(items)], lo + len(items)
-            i = int(np.argmax(np.nan_to_num(out[a], nan=-np.inf)))  # the first best, as the tuners
-            factor[a], best[a] = items[i]
-            best_psnr[a] = float(np.nan_to_num(out[a][i], nan=-np.inf))
-        return out
-
-    per = {a: [(f, tuners[a].at(f)) for f in tuners[a].stage1()] for a in attacks}
-    first = stage("log-beta", per)
-    refined = [a for a in attacks if tuners[a].refine]
-    for a in refined:  # the tuners refine around the mean of the tied factors
-        factor[a] = _tied_mean([f for f, _ in per[a]], first[a].tolist())[0]
-    if refined:
-        ts = {a: np.arange(tuners[a].refine) / tuners[a].refine for a in refined}
-        stage("linear-beta", {a: [(f, tuners[a].at(f)) for f in factor[a] * (2 * ts[a] + 0.5 * (1 - ts[a]))]
-                              for a in refined})  # fmt: skip
-    grids = {a: [(factor[a], s) for s in tuners[a].around(factor[a])] for a in attacks}
-    if any(grids.values()):
-        stage("grid", {a: items for a, items in grids.items() if items})
+    with programs.guard():
+        per = {a: [(f, tuners[a].at(f)) for f in tuners[a].stage1()] for a in attacks}
+        first = stage("log-beta", per)
+        refined = [a for a in attacks if tuners[a].refine]
+        for a in refined:  # the tuners refine around the mean of the tied factors
+            factor[a] = _tied_mean([f for f, _ in per[a]], first[a].tolist())[0]
+        if refined:
+            ts = {a: np.arange(tuners[a].refine) / tuners[a].refine for a in refined}
+            stage("linear-beta", {a: [(f, tuners[a].at(f)) for f in factor[a] * (2 * ts[a] + 0.5 * (1 - ts[a]))]
+                                  for a in refined})  # fmt: skip
+        grids = {a: [(factor[a], s) for s in tuners[a].around(factor[a])] for a in attacks}
+        if any(grids.values()):
+            stage("grid", {a: items for a, items in grids.items() if items})
+        programs.finish()
     return SearchResult(best=best, best_psnr=best_psnr, rows=rows)
 
 

@@ -35,6 +35,7 @@ from .case import Case
 from .config import ScaleConfig, Settings
 from .paired import PairedGap, paired_interval
 from .registry import Context
+from .resume import kept_training
 
 __all__ = [
     "ATTACKS",
@@ -192,7 +193,9 @@ def scenario(
     never trains on an image it is attacked on), with the config's
     ``train_lr`` and ``train_batch``, and, where ``train_defended``, under
     ``defense`` (a key of :data:`DEFENSES`, the cell's: its noise added to
-    every training step's gradient; see :data:`SCENARIO`).
+    every training step's gradient; see :data:`SCENARIO`). A command-line run
+    keeps the trained network (:func:`~.resume.kept_training`), so that a
+    unit killed in its attacks resumes them on the same update.
     """
     cfg = ctx.config
     victims = ctx.dataset(logical, n, split="train", shuffle=False)
@@ -205,9 +208,14 @@ def scenario(
         pool = ctx.dataset(logical, split="train", shuffle=True)
         keep = ~torch.isin(pool.indices, victims.indices)
         images, labels = pool.images[keep], pool.labels[keep]
-        model = fl.train(model, victims.normalizer.normalize(images), labels, steps=train_step,
-                         batch_size=cfg.train_batch, lr=cfg.train_lr, defense=noise,
-                         seed=ctx.seed).model  # fmt: skip
+        inputs, start = victims.normalizer.normalize(images), model
+        model = kept_training(
+            ctx.checkpoint(), start,
+            lambda: fl.train(start, inputs, labels, steps=train_step, batch_size=cfg.train_batch,
+                             lr=cfg.train_lr, defense=noise, seed=ctx.seed).model,
+            parts=[cfg, logical, train_step, defense], data={"x": inputs, "y": labels.double(),
+                                                             **start.state_dict()},
+        )  # fmt: skip
     return model.to(ctx.device).eval(), victims
 
 
@@ -258,7 +266,9 @@ def tune(
     It runs on the first ``tune_victims`` victims with :func:`tuners` of the
     config; ``defense`` (a key of :data:`DEFENSES`) and ``distance`` go to
     them. ``found.best_psnr`` is each attack's *tuning* score, which chooses
-    between variants (Table 5's φ) without looking at the scored images.
+    between variants (Table 5's φ) without looking at the scored images. A
+    command-line run keeps the search's finished programs, so that a unit
+    killed in the search resumes it (:mod:`leakagelib.attacks.programs`).
     """
     cfg, head = ctx.config, case.first(ctx.config.tune_victims)
     return search(
@@ -266,7 +276,7 @@ def tune(
         denormalize=head.normalizer.denormalize, attacks=attacks,
         tuners=tuners(cfg, list(attacks), defense=defense, distance=distance),
         input_shape=head.input_shape, generator=ctx.generator(offset), device=ctx.device,
-        bounds=head.bounds,
+        bounds=head.bounds, checkpoint=ctx.checkpoint(),
     )  # fmt: skip
 
 
@@ -277,11 +287,13 @@ def attack_tuned(
 
     Returns attack name → per-victim PSNR (de-normalised, data range 1, no
     clipping), and attack name → the reconstructions (N × C × H × W in [0, 1]
-    before clipping), which Table 2's rows keep a few of.
+    before clipping), which Table 2's rows keep a few of. A command-line run
+    saves the attack's loop as it goes (:meth:`~.registry.Context.checkpoint`).
     """
     names = list(attacks)
     result = case.attack([attacks[a] for a in names], settings=[found.best[a] for a in names],
-                         names=names, generator=ctx.generator(offset + 1))  # fmt: skip
+                         names=names, generator=ctx.generator(offset + 1),
+                         checkpoint=ctx.checkpoint())  # fmt: skip
     images = {a: case.reconstructions(result, a) for a in names}
     return {a: case.score_images(images[a], "psnr") for a in names}, images
 

@@ -198,7 +198,12 @@ def table2(ctx: Context) -> list[dict]:
     at that step (at step 500 trained under the defense), a case and the
     tuned attacks — at paper scale about 2 minutes each on a lent H200
     (2026-11-27, tuning on ten victims; 24 s when it tuned on one), so that
-    an interrupted campaign keeps most of its work. Rows: ``dataset``,
+    an interrupted campaign keeps most of its work. On a CPU a unit takes
+    hours: its search runs in pieces that fit the memory
+    (:mod:`leakagelib.attacks.programs`), and a command-line run keeps the
+    step-500 network, the finished pieces of the search and the final
+    attack's loop as they go (:meth:`~leakagelib.experiments.Context.checkpoint`),
+    so a unit killed halfway resumes there. Rows: ``dataset``,
     ``defense``, ``attack`` (preset id), ``step`` (training step), ``psnr``
     (mean over the victims, dB), ``psnr_per_image``, and what A.3's search
     chose: ``tuned`` (the :class:`~leakagelib.attacks.config.Setting`: lr,

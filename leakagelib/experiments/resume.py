@@ -25,17 +25,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor, nn
+
 from .. import records
-from ..attacks.checkpoint import LoopCheckpoint
+from ..attacks.checkpoint import LoopCheckpoint, fingerprint
 from ..records import write_json_atomically
 
 __all__ = [
     "PartialRecord",
     "data_digests",
     "device_kind",
+    "kept_training",
     "pending_record",
     "unit_key",
     "unit_seed",
@@ -86,6 +90,37 @@ def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
     if data:
         same["data"] = {name: digests.get(name, spec) for name, spec in data.items()}
     return same
+
+
+def kept_training(
+    checkpoint: LoopCheckpoint | None,
+    net: nn.Module,
+    train: Callable[[], nn.Module],
+    *,
+    parts: Sequence[Any],
+    data: Mapping[str, Tensor],
+) -> nn.Module:
+    """``train()``'s network, its weights kept in ``checkpoint`` once it is trained.
+
+    A unit killed in an attack that follows its training resumes the attack only on the same
+    update: retrained on a GPU, whose convolution and pooling gradients are not deterministic,
+    the network would differ in its last bits and the attack's checkpoint be refused. So a
+    command-line run (``checkpoint`` given, :meth:`~leakagelib.experiments.Context.checkpoint`)
+    saves the weights when training ends and reads them back into ``net`` instead of training
+    again. The file belongs to the training that ``parts`` (its settings) and ``data`` (its
+    inputs and ``net``'s initial weights) describe. Used by Figure 4 of the R-GAP paper and
+    the Bayes paper's step-500 networks.
+    """
+    if checkpoint is None:
+        return train()
+    checkpoint.bind(fingerprint(list(parts), data), [])
+    saved = checkpoint.load()
+    if saved is not None:
+        net.load_state_dict(saved["weights"])
+        return net.eval()
+    model = train()
+    checkpoint.tick(0, lambda: {"weights": model.state_dict()}, final=True)
+    return model
 
 
 class PartialRecord:

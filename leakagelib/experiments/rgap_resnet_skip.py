@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import fl, records
-from ..attacks.checkpoint import LoopCheckpoint, fingerprint
+from ..attacks.checkpoint import LoopCheckpoint
 from ..attacks.presets import inverting_gradients
 from ..data import Normalizer
 from ..models import build
@@ -23,6 +23,7 @@ from ..rgap import rank_analysis
 from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
+from .resume import kept_training
 from .rgap_common import DATASETS, PICTURES
 from .work import Load, Net, evaluation_load, split_size
 
@@ -128,29 +129,6 @@ def _train_best(ctx: Context, net: nn.Module, x: Tensor, y: Tensor) -> nn.Module
     return model.eval()
 
 
-def _trained(
-    ctx: Context, net: nn.Module, x: Tensor, y: Tensor, checkpoint: LoopCheckpoint | None
-) -> nn.Module:
-    """:func:`_train_best`'s network, its weights kept in ``checkpoint`` (a command-line run).
-
-    A unit killed in its attack resumes the attack only on the same update: retrained on a GPU,
-    whose convolution and pooling gradients are not deterministic, the network would differ in
-    its last bits and the attack's checkpoint be refused. So the trained weights are saved once
-    training ends and read back, instead of training again, when the unit resumes.
-    """
-    if checkpoint is None:
-        return _train_best(ctx, net, x, y)
-    data = {"x": x, "y": y.double(), **net.state_dict()}
-    checkpoint.bind(fingerprint([ctx.config, "the trained network"], data), [])
-    saved = checkpoint.load()
-    if saved is not None:
-        net.load_state_dict(saved["weights"])
-        return net.eval()
-    model = _train_best(ctx, net, x, y)
-    checkpoint.tick(0, lambda: {"weights": model.state_dict()}, final=True)
-    return model
-
-
 def _attacked(
     ctx: Context,
     model: nn.Module,
@@ -218,7 +196,9 @@ def fig4_resnet_skip(ctx: Context) -> list[dict]:
         # a command-line run's checkpoint files: the attack's (the unit's first, as in runs
         # begun before the trained network was kept), then the trained network's
         attack_file = ctx.checkpoint()
-        model = _trained(ctx, net, train_x, train_y, ctx.checkpoint())
+        data = {"x": train_x, "y": train_y.double(), **net.state_dict()}
+        model = kept_training(ctx.checkpoint(), net, lambda: _train_best(ctx, net, train_x, train_y),
+                              parts=[ctx.config, "the trained network"], data=data)  # fmt: skip
         accuracy = fl.accuracy(model, test_xn, test_yd)
         victims = (test_x[: cfg.victims], test_y[: cfg.victims])
         images, rec = _attacked(ctx, model, victims, norm, attack_file)

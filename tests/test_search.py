@@ -1,0 +1,110 @@
+"""A.3's search in programs sized for the device, and resumed from its checkpoint (``attacks/programs.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import leakagelib.attacks.search as search_module
+from leakagelib.attacks import GaussianPrior, presets
+from leakagelib.attacks.checkpoint import LoopCheckpoint
+from leakagelib.attacks.programs import CPU_PROGRAM_ATTACKS, piece_size
+from leakagelib.attacks.search import HeuristicGrid, Tuner, search
+from leakagelib.gradients import per_sample_updates
+
+torch.set_num_threads(1)
+
+#: The tuners' candidates: 3 factors, 2 linear values, a grid of 2, for each of two attacks.
+GRID = HeuristicGrid(end_factors=(1.0,), start_factors=(1.0, 2.0), lr_factors=(1.0,),
+                     decays=(0.99,), weightings=("uniform",))  # fmt: skip
+TUNER = Tuner(factors=(1e-4, 1.0, 1e3), refine=2, grid=GRID, lr=0.1, decay=0.99)
+PROGRAMS_OF_ONE = 3 * 2 + 2 * 2 + 2 * 2  # candidates, one program each when split to the end
+
+
+def _problem(seed: int = 0):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(9, 6), nn.Sigmoid(), nn.Linear(6, 4))
+    x, y = torch.rand(2, 1, 3, 3), torch.tensor([0, 3])
+    updates = {k: v + 0.005 * torch.randn_like(v) for k, v in per_sample_updates(net, x, y).items()}
+    loop = dict(prior=GaussianPrior(mean=0.5), steps=30, lr=0.1, decay=0.99)
+    attacks = {"l2": presets.l2(**loop).with_config(anneal_steps=10),
+               "l1": presets.l1(**loop).with_config(anneal_steps=10)}  # fmt: skip
+    return dict(model=net, updates=updates, labels=y.unsqueeze(1), truth=x.unsqueeze(1),
+                denormalize=lambda t: t, attacks=attacks, tuners={"l2": TUNER, "l1": TUNER},
+                input_shape=(1, 3, 3))  # fmt: skip
+
+
+def _scores(found) -> list[tuple[str, str, float]]:
+    return [(r["stage"], r["attack"], r["psnr"]) for r in found.rows]
+
+
+def test_a_search_split_into_programs_scores_every_candidate_as_the_whole_stage_does():
+    problem = _problem()
+    whole = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6)
+    split = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=2)
+    assert [r["stage"] for r in split.rows] == [r["stage"] for r in whole.rows]
+    torch.testing.assert_close(
+        torch.tensor([p for *_, p in _scores(split)], dtype=torch.float64),
+        torch.tensor([p for *_, p in _scores(whole)], dtype=torch.float64),
+    )
+    assert split.best == whole.best
+    # the scores differ between candidates, so equal scores are not a constant
+    assert len({round(p, 6) for *_, p in _scores(whole)}) > 4
+
+
+class Killed(Exception):
+    """The process ending in the middle of a search."""
+
+
+def test_a_search_killed_between_programs_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    problem = _problem()
+    kwargs = dict(program_attacks=2)  # one candidate of the two updates per program
+    whole = search(**problem, generator=torch.Generator().manual_seed(5), **kwargs)
+    calls, real, dying = [], search_module.run_together, [True]
+
+    def dies_at_seven(**options):
+        calls.append(len(options["settings"]))
+        if dying[0] and len(calls) == 7:
+            raise Killed
+        return real(**options)
+
+    monkeypatch.setattr(search_module, "run_together", dies_at_seven)
+    path = tmp_path / "search.pt"
+    with pytest.raises(Killed):
+        search(**problem, generator=torch.Generator().manual_seed(5),
+               checkpoint=LoopCheckpoint(path, every_s=0.0), **kwargs)  # fmt: skip
+    assert path.exists()
+    calls.clear()
+    dying[0] = False
+    resumed = search(**problem, generator=torch.Generator().manual_seed(5),
+                     checkpoint=LoopCheckpoint(path), **kwargs)  # fmt: skip
+    assert len(calls) == PROGRAMS_OF_ONE - 6  # the six saved programs are replayed, not run
+    assert _scores(resumed) == _scores(whole)
+    assert resumed.best == whole.best
+    calls.clear()  # a finished search's checkpoint replays all of it
+    again = search(**problem, generator=torch.Generator().manual_seed(5),
+                   checkpoint=LoopCheckpoint(path), **kwargs)  # fmt: skip
+    assert calls == [] and _scores(again) == _scores(whole)
+
+
+def test_the_checkpoint_of_another_search_is_refused(tmp_path):
+    problem = _problem()
+    path = tmp_path / "search.pt"
+    search(**problem, program_attacks=2, checkpoint=LoopCheckpoint(path, every_s=0.0))
+    other = Tuner(factors=(1e-3, 1.0, 1e3), refine=2, grid=GRID, lr=0.1, decay=0.99)
+    with pytest.raises(ValueError, match="checkpoint of another attack"):
+        search(**{**problem, "tuners": {"l2": other, "l1": other}}, program_attacks=2,
+               checkpoint=LoopCheckpoint(path))  # fmt: skip
+    with pytest.raises(ValueError, match="checkpoint of another attack"):  # other pieces
+        search(**problem, program_attacks=4, checkpoint=LoopCheckpoint(path))
+
+
+def test_programs_are_sized_for_the_device():
+    cpu = torch.device("cpu")
+    assert piece_size(cpu, 10) == CPU_PROGRAM_ATTACKS // 10
+    assert piece_size(cpu, 10**6) == 1
+    assert piece_size(torch.device("cuda"), 10) is None  # a stage at once on a GPU
+    assert piece_size(torch.device("cuda"), 10, 50) == 5
+    with pytest.raises(ValueError, match="at least one attack"):
+        piece_size(cpu, 10, 0)
