@@ -84,6 +84,10 @@ def twin_data(ctx: Context) -> list[dict]:
     return rows
 
 
+#: Relative distance (‖·−x‖/‖x‖) within which ``rgap/twin-dlg`` says DLG's end has converged
+#: to the real image or the twin; chapter "Twin data" glues it.
+CONVERGED_WITHIN = 1e-2
+
 TWIN_DLG_CONFIG = ScaleConfig(
     ci={
         "mu": 2.0,
@@ -174,7 +178,7 @@ def twin_dlg(ctx: Context) -> list[dict]:
     Rows: start ("ray" or "random"), t (NaN for random), start_real,
     start_twin, end_real, end_twin (relative ℓ2 distances ‖·−x‖/‖x‖ and
     ‖·−x̃‖/‖x̃‖ before and after DLG), converged ("real", "twin" or "neither":
-    below 1e-2), twin_scale. Chapter "Twin data" plots these.
+    within :data:`CONVERGED_WITHIN`), twin_scale. Chapter "Twin data" plots these.
     """
     case, twin = _twin_case(ctx)
     x = case.images.to(twin)
@@ -194,7 +198,7 @@ def twin_dlg(ctx: Context) -> list[dict]:
         end = end.to(x)
         end_real, end_twin = _distance(end, x), _distance(end, twin)
         converged = "neither"
-        if min(end_real, end_twin) < 1e-2:
+        if min(end_real, end_twin) < CONVERGED_WITHIN:
             converged = "real" if end_real < end_twin else "twin"
         rows.append(
             {
