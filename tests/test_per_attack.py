@@ -26,9 +26,10 @@ from leakagelib.attacks import (
     Setting,
     TotalVariation,
     Uniform,
+    residuals,
 )
 from leakagelib.attacks.objective import batched_objective
-from leakagelib.attacks.per_attack import row_losses, unsupported_reason
+from leakagelib.attacks.per_attack import Observed, Simulated, row_losses, unsupported_reason
 from leakagelib.gradients import client_update, per_sample_updates, stack_updates
 from leakagelib.losses import loss_function
 from leakagelib.models import build
@@ -101,12 +102,15 @@ def test_engines_agree_with_mixed_settings_restarts_samples_and_two_images():
     model, observed, _ = _case("bayes-cnn", (1, 10, 10), n_updates=3)
     labels = torch.tensor([[0, 1], [2, 3], [4, 4]])
     masks = {k: (torch.rand(v.shape[1:]) < 0.5).float() for k, v in observed.items()}
-    liks = [Gaussian(0.1), Laplace(0.2), Cosine(), Pruned("gaussian", 0.1, 0.5, masks)]
-    priors = [TotalVariation(), Uniform(), TotalVariation(), Uniform()]
+    liks = [Gaussian(0.1), Laplace(0.2), Cosine(), Pruned("gaussian", 0.1, 0.5, masks),
+            Pruned("laplace", 0.1, 0.5, masks), Pruned("laplace", 0.1, 0.5)]  # fmt: skip
+    priors = [TotalVariation(), Uniform(), TotalVariation(), Uniform(), Uniform(), Uniform()]
     settings = [
         Setting(0.1, 1.0, 0.5),
         Setting(0.1, 1.0, 0.0),
         Setting(0.1, 1.0, 2.0, weighting="exponential"),
+        Setting(0.1, 1.0, 1.0),
+        Setting(0.1, 1.0, 1.0, weighting="exponential"),
         Setting(0.1, 1.0, 1.0),
     ]
     cfg = AttackConfig(steps=1, restarts=2, mc_samples=2, delta=0.1)
@@ -301,3 +305,36 @@ def test_the_objective_alone_is_the_objective_of_the_gradient_call(engine):
     gx_alone, gz_alone, alone = f(x, z, d, grad=False)
     assert gx_alone is None and gz_alone is None
     torch.testing.assert_close(alone, value)
+
+
+@pytest.mark.parametrize("power", [1, 2], ids=["abs", "square"])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+def test_residual_sums_of_factors_equal_the_materialised_ones_chunk_by_chunk(
+    power, masked, monkeypatch
+):
+    """The ℓ1 and pruned likelihoods' ``Σ φ(g − m ⊙ s)`` from a dense layer's factors, one attack
+    per chunk: values and gradients as with every ``s`` materialised."""
+    monkeypatch.setattr(residuals, "CHUNK_BYTES", 1)
+    H, N, M, R, out, inp = 2, 3, 2, 2, 5, 7
+    d = torch.randn(H, N, M, R, out, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(H, N, M, R, inp, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(N, out, inp, dtype=torch.float64)
+    mask = (torch.rand(out, inp) < 0.5).double() if masked else None
+    got = residuals.residual_sums(
+        Simulated({}, {"w": (d, a)}), "w", Observed({"w": g}), power, mask
+    )
+    s = d.transpose(-1, -2) @ a
+    r = g[None, :, None] - (s if mask is None else s * mask)
+    want = (r.abs() if power == 1 else r.square()).sum((-1, -2))
+    torch.testing.assert_close(got, want)
+    dense = residuals.residual_sums(Simulated({"w": s}, {}), "w", Observed({"w": g}), power, mask)
+    torch.testing.assert_close(dense, want)
+    weights = torch.randn(H, N, M, dtype=torch.float64)
+    for mine, theirs in zip(
+        torch.autograd.grad((got * weights).sum(), (d, a)),
+        torch.autograd.grad((want * weights).sum(), (d, a)),
+        strict=True,
+    ):
+        torch.testing.assert_close(mine, theirs)
+    with pytest.raises(ValueError, match="power must be 1 or 2"):
+        residuals.residual_sums(Simulated({}, {"w": (d, a)}), "w", Observed({"w": g}), 3)

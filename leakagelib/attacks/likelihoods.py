@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from .per_attack import Observed, Simulated
+from .residuals import residual_sums
 
 Update = dict[str, Tensor]
 #: The selected parameters of a batch of attacks and each one's weight per setting (``h``).
@@ -253,6 +254,12 @@ class Laplace(Likelihood):
     def _terms(self, observed: Update, simulated: Update) -> list[Tensor]:
         return [-(observed[k] - simulated[k]).abs().sum() / self.b for k in observed]
 
+    def batched_log_prob(
+        self, observed: Observed, simulated: Simulated, weighted: Weighted
+    ) -> Tensor:
+        sums = (w[:, None, None] * residual_sums(simulated, k, observed, 1) for k, w in weighted)
+        return -sum(sums) / self.b
+
     def describe(self) -> dict[str, object]:
         return {"likelihood": "laplace", "b": self.b, "weighting": self.layers.weighting}
 
@@ -305,6 +312,20 @@ class Pruned(Likelihood):
                 pruned = self._log_q(g) + math.log(1.0 - self.keep)
                 out.append(torch.logaddexp(kept, pruned).sum())
         return out
+
+    def batched_log_prob(
+        self, observed: Observed, simulated: Simulated, weighted: Weighted
+    ) -> Tensor:
+        if self.masks is None and self.keep < 1.0:  # the marginalised mask: the general form
+            return super().batched_log_prob(observed, simulated, weighted)
+        power, c = (
+            (2, 1.0 / (2.0 * self.scale**2)) if self.noise == "gaussian" else (1, 1 / self.scale)
+        )
+        masks = self.masks or {}
+        return -c * sum(
+            w[:, None, None] * residual_sums(simulated, k, observed, power, masks.get(k))
+            for k, w in weighted
+        )
 
     def to(self, device: str | torch.device) -> Pruned:
         if self.masks is None:
