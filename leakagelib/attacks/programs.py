@@ -85,7 +85,7 @@ class Programs:
 
     def stage(self, candidates: Sequence[Any]) -> np.ndarray:
         """Every candidate's score, the stage split into programs that start alike."""
-        step = self.size or len(candidates)
+        step = self.size or max(1, len(candidates))
         start = self.gen.get_state()
         scores = []
         for lo in range(0, len(candidates), step):
