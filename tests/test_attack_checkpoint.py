@@ -196,6 +196,29 @@ def test_a_signal_in_the_last_step_keeps_the_finished_attack_and_still_stops(tmp
     assert seen == [] and torch.equal(again.images, whole.images)  # kept, not run again
 
 
+def _partial(path) -> PartialRecord:
+    """The partial record of a command-line run in ``path``, resumed if it exists."""
+    return PartialRecord(path, {"experiment": path.stem}, resume=True)
+
+
+def _killed_at(step: int, run, path, monkeypatch) -> list[tuple[int, bool]]:
+    """Run ``run(partial=...)`` with every checkpoint saved at once, kill it when a loop is
+    about to save after ``step`` (not final), and return the saves it asked for, in order."""
+    tick, ticks = LoopCheckpoint.tick, []
+
+    def killed(self, t, state, *, final=False):
+        ticks.append((t, final))
+        if (t, final) == (step, False):
+            raise Killed
+        tick(self, t, state, final=final)
+
+    monkeypatch.setattr(LoopCheckpoint, "tick", killed)
+    with pytest.raises(Killed):
+        run(partial=_partial(path))
+    monkeypatch.setattr(LoopCheckpoint, "tick", tick)
+    return ticks
+
+
 def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_path, monkeypatch):
     """``rgap/fig4-resnet-skip`` (24,000 attack steps per network at paper scale): a run killed
     in its first network's attack resumes that attack at the step it saved, on the trained
@@ -207,28 +230,16 @@ def test_figure4_resumes_a_unit_killed_in_its_attack_from_the_checkpoint(tmp_pat
     fig4 = partial(experiments.run, "rgap/fig4-resnet-skip", progress=False,
                    changes={"attack_steps": 8, "victims": 1})  # fmt: skip
     whole = fig4()["rows"]
-    tick, load, train = LoopCheckpoint.tick, LoopCheckpoint.load, rgap_resnet_skip._train_best
-    ticks, loaded, trained = [], [], []
-
-    def killed_at_step_4(self, step, state, *, final=False):
-        ticks.append((step, final))
-        if (step, final) == (4, False):
-            raise Killed
-        tick(self, step, state, final=final)
-
-    def record() -> PartialRecord:
-        return PartialRecord(tmp_path / "f.json.partial", {"experiment": "f"}, resume=True)
-
-    monkeypatch.setattr(LoopCheckpoint, "tick", killed_at_step_4)
-    with pytest.raises(Killed):
-        fig4(partial=record())
+    load, train = LoopCheckpoint.load, rgap_resnet_skip._train_best
+    loaded, trained = [], []
+    path = tmp_path / "f.json.partial"
+    ticks = _killed_at(4, fig4, path, monkeypatch)
     assert ticks == [(0, True), (0, False), (1, False), (2, False), (3, False), (4, False)]
-    monkeypatch.setattr(LoopCheckpoint, "tick", tick)
     monkeypatch.setattr(
         LoopCheckpoint, "load", lambda self: loaded.append(load(self)) or loaded[-1]
     )
     monkeypatch.setattr(rgap_resnet_skip, "_train_best", lambda *a: trained.append(1) or train(*a))
-    resumed = fig4(partial=record())["rows"]
+    resumed = fig4(partial=_partial(path))["rows"]
     # the first network's weights as trained (step 0, final), its attack saved after step 3
     assert [(s["step"], s["finished"]) for s in loaded[:2]] == [(1, True), (4, False)]
     assert len(trained) == 2  # only the two networks not reached before the kill
@@ -247,29 +258,17 @@ def test_table2_resumes_a_unit_killed_in_its_search_on_the_network_it_kept(tmp_p
     changes = {"datasets": ("mnist",), "train_steps": (3,), "steps": 3, "victims": 2}
     table2 = partial(experiments.run, "bayes/table2", progress=False, changes=changes)
     whole = table2()["rows"]
-    tick, train, run_together = LoopCheckpoint.tick, fl.train, search_module.run_together
-    ticks, trained, programs = [], [], []
-
-    def killed_in_the_search(self, step, state, *, final=False):
-        ticks.append((step, final))
-        if (step, final) == (2, False):
-            raise Killed
-        tick(self, step, state, final=final)
-
-    def record() -> PartialRecord:
-        return PartialRecord(tmp_path / "t.json.partial", {"experiment": "t"}, resume=True)
-
-    monkeypatch.setattr(LoopCheckpoint, "tick", killed_in_the_search)
-    with pytest.raises(Killed):
-        table2(partial=record())
+    train, run_together = fl.train, search_module.run_together
+    trained, programs = [], []
+    path = tmp_path / "t.json.partial"
+    ticks = _killed_at(2, table2, path, monkeypatch)
     # the network kept as trained (step 0, final), then the search's programs 0, 1 and 2
     assert ticks == [(0, True), (0, False), (1, False), (2, False)]
-    monkeypatch.setattr(LoopCheckpoint, "tick", tick)
     monkeypatch.setattr(fl, "train", lambda *a, **k: trained.append(1) or train(*a, **k))
     monkeypatch.setattr(
         search_module, "run_together", lambda **k: programs.append(1) or run_together(**k)
     )
-    resumed = table2(partial=record())["rows"]
+    resumed = table2(partial=_partial(path))["rows"]
     assert trained == []
     fresh = len(programs)
     programs.clear()
