@@ -22,7 +22,9 @@ def tiny(monkeypatch):
     small = {"victims": 1, "ig_steps": 2, "rounds": 1, "n_train": 32, "positions": (0, 3)}
     config = replace(exp.config, ci={**exp.config.ci, **small})
     monkeypatch.setitem(registry._EXPERIMENTS, exp.id, replace(exp, config=config))
-    monkeypatch.setattr(estimate, "step_seconds", lambda net, kind, images, device: 1e-3)
+    monkeypatch.setattr(
+        estimate, "step_seconds", lambda net, kind, images, device, objective=None: 1e-3
+    )
     trained: list[int] = []
     armed = {"stop": False}
     train = cvb_precode.fedavg_accuracy

@@ -272,7 +272,9 @@ def test_a_campaign_hands_each_experiment_the_data_it_uses(capsys, monkeypatch, 
 
     from leakagelib.experiments import estimate
 
-    monkeypatch.setattr(estimate, "step_seconds", lambda net, kind, images, device: 1e-3)
+    monkeypatch.setattr(
+        estimate, "step_seconds", lambda net, kind, images, device, objective=None: 1e-3
+    )
     assert main([*base, *ids, "--data", f"mnist={mnist}", "--data", f"cifar10={cifar}"]) == 0
     assert seen == [[f"mnist={mnist}"], [f"cifar10={cifar}"]]
 

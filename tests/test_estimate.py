@@ -16,10 +16,11 @@ from leakagelib.attacks.search import BayesGrid, HeuristicGrid, Tuner, search, s
 from leakagelib.cli import main
 from leakagelib.data import Normalizer
 from leakagelib.experiments import build_case, estimate, registry
+from leakagelib.experiments.bayes_scenario import make_defense, table2_attacks
 from leakagelib.experiments.config import ScaleConfig
 from leakagelib.experiments.registry import Context
 from leakagelib.experiments.rgap_common import solve_net
-from leakagelib.experiments.work import KINDS, Load, Net
+from leakagelib.experiments.work import KINDS, Load, Net, Objective
 
 TINY = Net("tiny-mlp", lambda: models.build("mlp", (1, 8, 8), 10, widths=(16,)), (1, 8, 8))
 
@@ -30,10 +31,10 @@ FAKE = {"attack": 0.01, "train": 0.005, "forward": 0.001, "solve": 2.0, "diagnos
 @pytest.fixture
 def fake_probe(monkeypatch):
     """Step times without timing anything: FAKE[kind] per image; the probes asked are listed."""
-    asked: list[tuple[str, str, int]] = []
+    asked: list[tuple[str, ...]] = []
 
-    def fake(net: Net, kind: str, images: int, device: str) -> float:
-        asked.append((net.key, kind, images))
+    def fake(net: Net, kind: str, images: int, device: str, objective=None) -> float:
+        asked.append((net.key, kind, images, *([objective.key] if objective else [])))
         return FAKE[kind] * images
 
     monkeypatch.setattr(estimate, "step_seconds", fake)
@@ -156,6 +157,25 @@ def test_table2_counts_the_search_the_final_attacks_and_the_training_at_paper_sc
         # 24, 20 and 540 (§6's counts); then every attack on the 100 victims
         per_defense = 10 * (3 * (41 + 20 + 480) + (24 + 20 + 540)) + 4 * 100
         assert sum(load.images for load in attacks) == per_defense
+    # each attack's steps are probed with its own likelihood against the unit's defense
+    for unit, defense in zip(units, exp.config.paper["defenses"] * 4, strict=True):
+        keys = {load.objective.key for load in unit if load.kind == "attack"}
+        assert keys == {f"{a} on {defense}" for a in ("bayes", "l2", "l1", "cosine")}
+
+
+def test_an_attack_probe_runs_the_objective_on_its_defense_s_updates(monkeypatch):
+    monkeypatch.setattr(estimate, "PROBE_SECONDS", 0.01)
+    seen = []
+
+    def attack(defense):  # the pruned likelihood needs the mask the defense drew on share()
+        seen.append(defense)
+        return table2_attacks(defense, ["bayes"], steps=1)["bayes"]
+
+    objective = Objective("bayes on prune+gauss", attack, lambda: make_defense("prune+gauss"))
+    assert estimate.step_seconds(TINY, "attack", 2, "cpu", objective) > 0
+    assert len(seen) == 1 and isinstance(seen[0], type(make_defense("prune+gauss")))
+    with pytest.raises(ValueError, match="only an attack load"):
+        Load(TINY, "train", 2, 1, objective)
 
 
 def test_search_runs_as_many_candidates_per_stage_as_counted():
@@ -196,6 +216,21 @@ def test_paper_scale_work_is_counted_from_the_config():
 def test_wide_batches_are_extrapolated_linearly_from_two_images_and_the_cap(monkeypatch):
     monkeypatch.setitem(estimate._PROBES, "attack", lambda net, batch, device: 0.1 + 0.01 * batch)
     assert estimate.step_seconds(TINY, "attack", 100, "cpu") == pytest.approx(0.1 + 0.01 * 100)
+
+
+@pytest.mark.parametrize(("per_image", "probed"), [(0.001, [2, 8, 128]), (0.1, [2, 8])])
+def test_an_attack_is_probed_at_a_program_where_that_step_is_short(per_image, probed, monkeypatch):
+    asked = []
+
+    def step(net, batch, device):  # slower per image in small batches, as a real step is
+        asked.append(batch)
+        return per_image * batch + (0.01 if batch < 100 else 0.0)
+
+    monkeypatch.setitem(estimate._PROBES, "attack", step)
+    seconds = estimate.step_seconds(TINY, "attack", 5_400, "cpu")
+    assert asked == probed
+    (a, ta), (b, tb) = [(n, per_image * n + (0.01 if n < 100 else 0.0)) for n in probed[-2:]]
+    assert seconds == pytest.approx(tb + (5_400 - b) * (tb - ta) / (b - a))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -27,11 +27,14 @@ run's data (nothing is trained or attacked):
   where nothing else is computed (``bayes/precode-mlp``, whose closed-form
   attack is a least-squares solve per image).
 
-The probes time Inverting Gradients' cosine likelihood; the Bayes attack's
-pruned likelihood with known masks costs more per step (131 ms against 50
-ms for the cosine attack on eight 3×32×32 images), so Table 2's estimate
-runs short (at ci scale 11 s estimated for 20 s taken). Left out: loading the data, the victims' updates beside the attacks,
-scoring, and ATS's augmentation of the training batches. The Bayes
+An attack load of Tables 2 and 5 and Fig. 7 names its
+:class:`~.work.Objective` (the attack's likelihood against the unit's
+defense, with the Bayes TV prior), so the probes time that objective rather
+than Inverting Gradients' cosine: per step they differ by up to about twice
+(the Bayes attack against prune + Laplace took 0.60 s a step on 12 settings ×
+10 victims of 3×32×32, ℓ2 0.29–0.32 s; one thread, 2026-11-28). Left out: loading
+the data, the victims' updates beside the attacks, scoring, and ATS's
+augmentation of the training batches. The Bayes
 experiments' modules register these functions, so they are imported here
 only inside the functions (once every module is loaded).
 """
@@ -43,11 +46,12 @@ from collections.abc import Sequence
 from torch import nn
 
 from .. import models
-from ..attacks import AttackConfig, preset
+from ..attacks import Attack, AttackConfig, preset
 from ..attacks.search import stage_sizes
-from .bayes_scenario import NUM_CLASSES, tuners
+from ..defenses import GaussianNoise, GradientDefense
+from .bayes_scenario import NUM_CLASSES, make_defense, table2_attacks, tuners
 from .registry import Context
-from .work import Load, Net, image_shape
+from .work import Load, Net, Objective, image_shape
 
 __all__ = [
     "bayes_cnn_net",
@@ -81,9 +85,20 @@ def _convbig_net(shape: tuple[int, ...], hidden: tuple[int, int]) -> Net:
     return Net(key, lambda: convbig(shape, hidden, seed=0), shape)
 
 
-def _attack(net: Net, loop: AttackConfig, images: int) -> Load:
-    """``loop``'s attack on ``images`` (settings × updates): its steps, restarts and MC samples."""
-    return Load(net, "attack", images * loop.restarts * loop.mc_samples, loop.steps)
+def _attack(net: Net, loop: AttackConfig, images: int, objective: Objective | None = None) -> Load:
+    """``loop``'s attack on ``images`` (settings × updates): its steps, restarts and MC samples,
+    each step evaluating ``objective`` (default Inverting Gradients' cosine)."""
+    return Load(net, "attack", images * loop.restarts * loop.mc_samples, loop.steps, objective)
+
+
+def _bayes_objective(attack: str, defense: str) -> Objective:
+    """Table 2's ``attack`` (a key of :data:`~.bayes_scenario.ATTACKS`) against ``defense`` (a
+    key of :data:`~.bayes_scenario.DEFENSES`), as the run builds it (the Bayes TV prior)."""
+
+    def build(noise: GradientDefense | None) -> Attack:
+        return table2_attacks(noise, [attack], steps=1)[attack]
+
+    return Objective(f"{attack} on {defense}", build, lambda: make_defense(defense))
 
 
 def _training(net: Net, batch: int, steps: int) -> list[Load]:
@@ -96,6 +111,7 @@ def _tuned(
     net: Net,
     groups: Sequence[Sequence[str]],
     final: Sequence[int],
+    defense: str,
     distance: dict[str, str] | None = None,
 ) -> list[Load]:
     """A.3's search, then ``final[i]`` tuned attacks of ``groups[i]`` on every victim.
@@ -113,15 +129,18 @@ def _tuned(
     (measured at ci scale: Table 2's four attacks together take as long as
     each alone, summed). All of Table 2's and Table 5's attacks run the loop
     of the ``bayes`` preset (the heuristic ones with another distance), at
-    ``steps`` steps.
+    ``steps`` steps, each group's steps evaluating its first attack's distance
+    (``distance``'s, else its own) against ``defense`` (Table 5's priors are
+    probed with TV alone: its range term is one element-wise pass).
     """
     cfg, loads = ctx.config, []
     loop = preset("l2", steps=cfg.steps).config
     for group, chosen in zip(groups, final, strict=True):
-        found = tuners(cfg, group, defense=cfg.defenses[0], distance=distance)
+        found = tuners(cfg, group, defense=defense, distance=distance)
         stages = stage_sizes(list(found.values()))
-        loads += [_attack(net, loop, n * cfg.tune_victims) for n in stages.values()]
-        loads.append(_attack(net, loop, chosen * cfg.victims))
+        objective = _bayes_objective((distance or {}).get(group[0], group[0]), defense)
+        loads += [_attack(net, loop, n * cfg.tune_victims, objective) for n in stages.values()]
+        loads.append(_attack(net, loop, chosen * cfg.victims, objective))
     return loads
 
 
@@ -132,9 +151,10 @@ def table2_work(ctx: Context) -> list[list[Load]]:
     for dataset in cfg.datasets:
         net = bayes_cnn_net(image_shape(ctx, dataset))
         for step in cfg.train_steps:
-            for _ in cfg.defenses:
+            for defense in cfg.defenses:
                 loads = _training(net, cfg.train_batch, step)
-                loads += _tuned(ctx, net, [[a] for a in cfg.attacks], [1] * len(cfg.attacks))
+                groups = [[a] for a in cfg.attacks]
+                loads += _tuned(ctx, net, groups, [1] * len(cfg.attacks), defense)
                 units.append(loads)
     return units
 
@@ -148,15 +168,22 @@ def table5_work(ctx: Context) -> list[list[Load]]:
     priors = ["tv", *(f"tv+range:{phi:g}" for phi in cfg.phis)]
     distance = dict.fromkeys(priors, "l2")
     training = _training(net, cfg.train_batch, cfg.train_step)
-    return [training + _tuned(ctx, net, [priors], [2], distance) for _ in cfg.defenses]
+    return [training + _tuned(ctx, net, [priors], [2], d, distance) for d in cfg.defenses]
 
 
 def fig7_work(ctx: Context) -> list[list[Load]]:
     """``bayes/fig7-mc-samples``: per k, the Bayes attack on every victim with k ball samples
-    (one restart: the preset's default)."""
+    (one restart: the preset's default), its likelihood the Gaussian noise's."""
     cfg = ctx.config
     net = bayes_cnn_net(image_shape(ctx, "mnist"))
-    return [[Load(net, "attack", cfg.victims * k, cfg.steps)] for k in cfg.mc_samples]
+
+    def build(noise: GradientDefense | None) -> Attack:
+        return preset("bayes", likelihood=noise.likelihood(), beta=cfg.beta)
+
+    objective = Objective(
+        f"bayes on gaussian {cfg.noise:g}", build, lambda: GaussianNoise(cfg.noise)
+    )
+    return [[Load(net, "attack", cfg.victims * k, cfg.steps, objective)] for k in cfg.mc_samples]
 
 
 def _soteria_fit(net: Net, model: nn.Module, layer: str, victims: int) -> Load:

@@ -6,12 +6,19 @@ which a *probe* measures (:func:`step_seconds`): a few real steps on random
 images of that model, after one warm-up step, until :data:`PROBE_SECONDS`
 have passed (at least :data:`PROBE_MIN_STEPS`). An attack step is a step of
 the library's own Inverting Gradients loop
-(:meth:`~leakagelib.experiments.Case.attack`), a training step one Adam step
+(:meth:`~leakagelib.experiments.Case.attack`), or of the attack the load's
+:class:`~.work.Objective` builds, on updates through its defense (the Bayes
+paper's Tables 2 and 5 and Fig. 7), a training step one Adam step
 on the cross-entropy, a forward step an evaluation pass, a solve one R-GAP
 solve of one image (a model's first solve timed apart, see :func:`_solves`).
 A step is probed at the load's batch up to :data:`PROBE_CAPS`; beyond, its
-time is extrapolated linearly from two images and the cap (larger batches
-usually run more efficiently, so this errs long). Probes are cached per
+time is extrapolated linearly from the two largest batches probed: two
+images and the first cap, and an attack step also at
+:data:`~leakagelib.attacks.programs.CPU_PROGRAM_ATTACKS` where that step,
+extrapolated, stays under :data:`PROBE_STEP_LIMIT` (larger batches usually
+run more efficiently, so this errs long; a probe of a program's size also
+keeps the timing noise of two small probes from being multiplied up to
+Table 2's stages of 5,400 attacks). Probes are cached per
 (model, kind, batch) in an :class:`Estimator`, so a campaign probes each
 model once: about a minute and a half for every CVB and R-GAP experiment at paper
 scale on the project's busy 2-core CPU, most of it R-GAP's rank-deficient
@@ -29,12 +36,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from ..attacks.programs import CPU_PROGRAM_ATTACKS
 from .registry import Context, Experiment
-from .work import Load, Net
+from .work import Load, Net, Objective
 
 __all__ = ["Estimate", "Estimator", "format_duration", "step_seconds"]
 
@@ -44,8 +53,12 @@ PROBE_SECONDS = 0.3
 PROBE_MIN_STEPS = 1
 #: Most timed steps of a probe.
 PROBE_MAX_STEPS = 50
-#: Largest batch probed per kind; larger loads are extrapolated (module docstring).
-PROBE_CAPS = {"attack": 8, "train": 16, "forward": 64}
+#: Batches probed per kind beyond two images, smallest first; larger loads are extrapolated
+#: (module docstring). An attack's second is the search's program on a CPU: beyond it, a stage
+#: runs as more programs of that size (:mod:`leakagelib.attacks.programs`).
+PROBE_CAPS = {"attack": (8, CPU_PROGRAM_ATTACKS), "train": (16,), "forward": (64,)}
+#: Seconds a step at a further cap may take, extrapolated, for the probe to time it.
+PROBE_STEP_LIMIT = 1.0
 
 
 class _Enough(Exception):
@@ -89,15 +102,18 @@ def _inputs(
     return model, images, labels
 
 
-def _attack_step(net: Net, batch: int, device: str) -> float:
-    """Seconds per step of Inverting Gradients on ``batch`` single-image updates of ``net``."""
+def _attack_step(net: Net, batch: int, device: str, objective: Objective | None = None) -> float:
+    """Seconds per step of Inverting Gradients (or ``objective``'s attack, through its defense)
+    on ``batch`` single-image updates of ``net``."""
     from ..attacks import preset
     from ..data import Normalizer
     from .case import build_case
 
+    defense = objective.defense() if objective is not None and objective.defense else None
     model, images, labels = _inputs(net, batch, device)
-    case = build_case(model, images, labels, Normalizer.identity(), device=device)
-    attack = preset("inverting-gradients", steps=PROBE_MAX_STEPS + 2)
+    case = build_case(model, images, labels, Normalizer.identity(), defense=defense, device=device)
+    attack = preset("inverting-gradients") if objective is None else objective.attack(defense)
+    attack = attack.with_config(steps=PROBE_MAX_STEPS + 2, restarts=1, mc_samples=1)
     watch = _Stopwatch(device)
     gen = torch.Generator().manual_seed(0)
     return watch.run(lambda: case.attack(attack, generator=gen, callback=watch.tick))
@@ -168,27 +184,44 @@ def _solves(net: Net, images: int, device: str, *, diagnostics: bool = False) ->
     return first + (images - 1) * later
 
 
-_PROBES: dict[str, Callable[[Net, int, str], float]] = {
+_PROBES: dict[str, Callable[..., float]] = {
     "attack": _attack_step,
     "train": _train_step,
     "forward": _forward_step,
 }
 
 
-def step_seconds(net: Net, kind: str, images: int, device: str) -> float:
+def step_seconds(
+    net: Net, kind: str, images: int, device: str, objective: Objective | None = None
+) -> float:
     """Seconds one step of ``kind`` on ``images`` images of ``net`` takes on ``device`` (probed).
 
-    A solve (or diagnose) step is ``images`` solves of one image each. Batches above
-    :data:`PROBE_CAPS` are extrapolated linearly from two images (batch norm
-    needs two to train) and the cap.
+    A solve (or diagnose) step is ``images`` solves of one image each; an attack step
+    evaluates ``objective`` (default Inverting Gradients'). Batches above
+    :data:`PROBE_CAPS` are extrapolated linearly from the two largest probed,
+    the smallest being two images (batch norm needs two to train).
     """
     if kind in ("solve", "diagnose"):
         return _solves(net, images, device, diagnostics=kind == "diagnose")
-    probe, cap = _PROBES[kind], PROBE_CAPS[kind]
-    if images <= cap:
+    caps = PROBE_CAPS[kind]
+    probe = _PROBES[kind] if objective is None else partial(_PROBES[kind], objective=objective)
+    if images <= caps[0]:
         return probe(net, images, device)
-    two, capped = probe(net, 2, device), probe(net, cap, device)
-    return capped + (images - cap) * max(capped - two, 0.0) / (cap - 2)
+    points = [(2, probe(net, 2, device)), (caps[0], probe(net, caps[0], device))]
+    for cap in caps[1:]:
+        if _line(points, cap) > PROBE_STEP_LIMIT:
+            break
+        points.append((min(cap, images), probe(net, min(cap, images), device)))
+        if images <= cap:
+            return points[-1][1]
+    return _line(points, images)
+
+
+def _line(points: list[tuple[int, float]], images: int) -> float:
+    """A step's seconds at ``images`` on the line through the last two probed (batch, seconds);
+    never below the last one (a timing's noise can make the slope negative)."""
+    (a, ta), (b, tb) = points[-2:]
+    return tb + (images - b) * max(tb - ta, 0.0) / (b - a)
 
 
 def format_duration(seconds: float) -> str:
@@ -206,8 +239,8 @@ def format_duration(seconds: float) -> str:
 class Estimate:
     """An experiment's estimated seconds, its unit count and its loads' totals.
 
-    ``totals`` maps (model key, kind, images per step) to (steps in all,
-    probed seconds per step).
+    ``totals`` maps (the load's :attr:`~.work.Load.label`, kind, images per step) to
+    (steps in all, probed seconds per step).
     """
 
     seconds: float
@@ -268,9 +301,11 @@ class Estimator:
 
     def pace(self, load: Load) -> float:
         """Seconds per step of ``load`` (probed on first use)."""
-        key = (load.net.key, load.kind, load.images)
+        key = (load.label, load.kind, load.images)
         if key not in self._paces:
-            self._paces[key] = step_seconds(load.net, load.kind, load.images, self.device)
+            self._paces[key] = step_seconds(
+                load.net, load.kind, load.images, self.device, load.objective
+            )
         return self._paces[key]
 
     def of_work(self, units: list[list[Load]]) -> Estimate:
@@ -279,7 +314,7 @@ class Estimator:
         for unit in units:
             for load in unit:
                 pace = self.pace(load)
-                key = (load.net.key, load.kind, load.images)
+                key = (load.label, load.kind, load.images)
                 steps, _ = estimate.totals.get(key, (0, pace))
                 estimate.totals[key] = (steps + load.steps, pace)
                 estimate.seconds += load.steps * pace

@@ -9,7 +9,10 @@ so many images, of one *kind* on one model (:class:`Net`):
 
 * ``"attack"``: one evaluation of a gradient-matching objective and its
   gradient with respect to the input (one step of Adam; L-BFGS makes up to
-  :data:`LBFGS_EVALUATIONS` of them per step, and is counted at that maximum);
+  :data:`LBFGS_EVALUATIONS` of them per step, and is counted at that maximum):
+  Inverting Gradients' cosine on undefended updates unless the load names its
+  :class:`Objective` (the Bayes attack's pruned likelihood costs up to twice as
+  much per step);
 * ``"train"``: one optimiser step of training on a batch;
 * ``"forward"``: one evaluation pass (accuracy, validation loss);
 * ``"solve"``: one R-GAP closed-form solve per image (``images`` solves);
@@ -36,6 +39,8 @@ from torch import nn
 from .. import data as _data
 
 if TYPE_CHECKING:
+    from ..attacks import Attack
+    from ..defenses import GradientDefense
     from .registry import Context
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "LBFGS_EVALUATIONS",
     "Load",
     "Net",
+    "Objective",
     "WorkFn",
     "evaluation_load",
     "image_shape",
@@ -90,13 +96,38 @@ class Net:
 
 
 @dataclass(frozen=True)
+class Objective:
+    """What an ``"attack"`` load's steps evaluate, where it is not Inverting Gradients' cosine.
+
+    ``key`` names it in the plan (and keys the probes' cache); ``defense()``
+    makes the defense whose updates are attacked (``None``: the plain
+    gradient), and ``attack(defense)`` the attack, once the defense has
+    shared the probe's updates (a pruning defense draws its mask then). The
+    probe runs the attack's likelihood and prior with its own step count,
+    one restart and one Monte-Carlo sample (the load's images already count
+    those).
+    """
+
+    key: str
+    attack: Callable[[GradientDefense | None], Attack] = field(compare=False, repr=False)
+    defense: Callable[[], GradientDefense] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class Load:
-    """``steps`` sequential steps of ``kind`` (:data:`KINDS`), each on ``images`` images of ``net``."""
+    """``steps`` sequential steps of ``kind`` (:data:`KINDS`), each on ``images`` images of ``net``
+    (an attack's steps evaluating ``objective``, default Inverting Gradients' cosine)."""
 
     net: Net
     kind: str
     images: int
     steps: int = 1
+    objective: Objective | None = None
+
+    @property
+    def label(self) -> str:
+        """The model as the plan names it, with the objective where the load names one."""
+        return self.net.key if self.objective is None else f"{self.net.key}, {self.objective.key}"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -105,6 +136,10 @@ class Load:
             raise ValueError(
                 f"a load needs images >= 1 and steps >= 0, got images={self.images}, "
                 f"steps={self.steps}"
+            )
+        if self.objective is not None and self.kind != "attack":
+            raise ValueError(
+                f"only an attack load evaluates an objective, not a {self.kind!r} load"
             )
 
 
