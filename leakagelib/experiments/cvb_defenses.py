@@ -211,14 +211,19 @@ def table3_units(datasets: tuple[str, ...]) -> list[tuple[str, str, str]]:
     return [(d, defense, a) for d in datasets for defense in ("none", "cvb") for a in ATTACKS]
 
 
+#: DP-SGD's per-example clipping norm C in Table IV: ours, as the paper's value is lost in our
+#: copy of its text (:func:`table4_defenses`).
+DP_CLIP = 1.0
+
 #: One defense of Table IV: (name, parameter, bottleneck spec, the gradient defense's constructor).
 DefenseChoice = tuple[str, Any, dict[str, Any] | None, Callable[[], GradientDefense]]
 
 
 def table4_choices(settings: Settings) -> list[DefenseChoice]:
-    """Table IV's defenses in its order: none, DP-SGD (C = 1), GC, PRECODE at position 1, CVB."""
+    """Table IV's defenses in its order: none, DP-SGD (C = :data:`DP_CLIP`), GC, PRECODE at
+    position 1, CVB."""
     choices: list[DefenseChoice] = [("none", None, None, NoDefense)]
-    choices += [("dp", s, None, partial(DPSGD, s, 1.0)) for s in settings.noise]
+    choices += [("dp", s, None, partial(DPSGD, s, DP_CLIP)) for s in settings.noise]
     choices += [("gc", p, None, partial(GradientCompression, p)) for p in settings.rates]
     choices += [
         ("precode", k, {"kind": "precode", "position": 1, "K": k}, NoDefense)
@@ -319,7 +324,7 @@ def table4_defenses(ctx: Context) -> dict[str, Any]:
     Each defense of :func:`table4_choices` is attacked by IG (the authors' TV
     0.1 for this CNN) — on all gradients for the perturbations, with the
     ignore attack for the bottlenecks — and trained with FedAvg, every local step's update
-    going through it. DP-SGD clips each per-sample gradient to C = 1 and adds
+    going through it. DP-SGD clips each per-sample gradient to C = :data:`DP_CLIP` and adds
     noise of multiplier σ (the parameter); ε for δ = 1e-5 is what one client
     spends (Opacus RDP accountant). GC prunes the share p of every layer's
     smallest entries; PRECODE (β = 1e-3) sits at position 1 with size K.
