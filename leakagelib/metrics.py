@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "ASR_THRESHOLD",
     "EXACT_PSNR",
     "MINMAX_EPS",
     "asr",
@@ -174,7 +175,12 @@ def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Ten
     return full[..., r:-r, r:-r].flatten(1).mean(1)
 
 
-def asr(ssim_values: torch.Tensor, threshold: float = 0.5) -> float:
+#: The SSIM at which the CVB paper counts an attack as successful (:func:`asr`), and the red line
+#: of its Figure 11 (chapter "CVB against defenses").
+ASR_THRESHOLD = 0.5
+
+
+def asr(ssim_values: torch.Tensor, threshold: float = ASR_THRESHOLD) -> float:
     """Attack success rate: the share of images whose SSIM is at least ``threshold``.
 
     The CVB paper counts an attack as successful when the reconstruction's SSIM reaches a
