@@ -12,6 +12,19 @@
   bottleneck (the paper reports PSNR > 150 dB; Fig. 3's PRECODE row).
 
 Both are called by the chapter "Breaking heuristic defenses".
+
+*ATS at ci scale only exercises the pipeline.* Inverting Gradients needs the
+paper's network width and thousands of iterations to invert a ConvNet's
+gradient, and no cheaper setting showed the effect on a CPU. Measured on the
+ci patches (2026-11-28, one thread, signed Adam, a paper-scale run beside it):
+width 8, 300 iterations: 9.0 dB on average over 3 images at steps 0, 10 and 50
+alike; width 16, 500 iterations: 11.8 dB after one training step, 14.0 dB at
+1,500 iterations (2 images); width 32, 500 iterations at step 0: 14.0 dB;
+width 64, 200 iterations: 9.9 dB, at 0.43 s an iteration per image, so the
+paper's 2,000 would take a quarter of an hour per image; and at width 16 with
+500 iterations at a constant learning rate, steps 1 and 100 scored alike (12.1
+and 11.7 dB over 5 images). The paper's setting runs on a GPU (a unit in one to
+two minutes on a lent one).
 """
 
 from __future__ import annotations
