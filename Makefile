@@ -75,8 +75,9 @@ test: lint
 # Every chapter of the book (a notebook in book/).
 ALL_CHAPTERS := $(basename $(notdir $(wildcard book/*.ipynb)))
 
-# The chapters executed with seeds 1 and 2 (make test runs the two cheapest; this target all
-# twelve, 8.5 minutes on one core of the machine the README names).
+# The chapters executed with the seeds of leakagelib.experiments.paired.CLAIM_SEEDS (make test
+# runs the two cheapest; this target all twelve, 8.5 minutes on one core of the machine the
+# README names).
 seeds: $(STAMP)
 	SEED_CHAPTERS="$(ALL_CHAPTERS)" $(BIN)/pytest tests/test_chapter_seeds.py
 

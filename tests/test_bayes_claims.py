@@ -1,6 +1,6 @@
-"""The Bayes paper's Table 2 and Table 5 claims at ci scale, on MNIST-sized digits, for seeds
-other than the chapter's, so that each claim holds on three seeds (about 15 s a seed on one
-free core)."""
+"""The Bayes paper's Table 2 and Table 5 claims at ci scale, on MNIST-sized digits, for
+``CLAIM_SEEDS``, other than the chapter's, so that each claim holds on three seeds (about 15 s
+a seed on one free core)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,9 @@ import torch
 from leakagelib import experiments
 from leakagelib.experiments import Context, bayes_claims
 from leakagelib.experiments.bayes_scenario import paired_gap
-from leakagelib.experiments.paired import paired_interval
+from leakagelib.experiments.paired import CLAIM_SEEDS, paired_interval
 
 torch.set_num_threads(1)
-
-#: The chapter "Bayes versus heuristics under defenses" runs seed 0; this test the two next.
-SEEDS = (1, 2)
 
 
 def ci_rows(exp_id: str, seed: int, **ci_changes: object) -> list[dict]:
@@ -28,7 +25,7 @@ def ci_rows(exp_id: str, seed: int, **ci_changes: object) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", CLAIM_SEEDS)
 def test_table2_and_training_claims_on_the_mnist_stand_in(seed: int):
     """Claims at ci scale, each a paired comparison on the same images (95 % interval above 0):
     under prune + Gauss the Bayes attack beats ℓ2, ℓ1 and cosine (Table 2), and the ℓ2 attack
@@ -45,7 +42,7 @@ def test_table2_and_training_claims_on_the_mnist_stand_in(seed: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", CLAIM_SEEDS)
 def test_figure_claims_hold_on_more_seeds(seed: int):
     """Figures 7, 5 and 2 at ci scale: every paired interval of their claims lies above 0, and
     the attack that does not know Soteria's layer finds ``fc1`` (the chapters assert the same

@@ -1,4 +1,4 @@
-"""Chapters whose hidden claims rest on random draws, executed for two seeds besides the book's 0.
+"""Chapters whose hidden claims rest on random draws, run for ``CLAIM_SEEDS`` beside the book's 0.
 
 The book executes every chapter with ``SEED = 0``; a claim that held there by luck (two victims,
 one noise draw) fails here. The chapters run as the book runs them (nbclient, ``SCALE="ci"``,
@@ -17,6 +17,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from leakagelib.experiments.paired import CLAIM_SEEDS
+
 BOOK = Path(__file__).resolve().parents[1] / "book"
 sys.path.insert(0, str(BOOK / "_ext"))
 from execution_guard import keep_widget_outputs_client_side  # noqa: E402
@@ -26,7 +28,6 @@ from execution_guard import keep_widget_outputs_client_side  # noqa: E402
 #: these seeds in ``tests/test_cvb_claims.py`` and ``tests/test_bayes_claims.py``, at a fraction
 #: of a whole chapter's time).
 CHAPTERS = tuple(os.environ.get("SEED_CHAPTERS", "cvb_defenses rgap_twin_data").split())
-SEEDS = (1, 2)
 
 
 def with_seed(path: Path, seed: int) -> nbformat.NotebookNode:
@@ -39,7 +40,7 @@ def with_seed(path: Path, seed: int) -> nbformat.NotebookNode:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", CLAIM_SEEDS)
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_the_chapters_claims_hold_on_more_seeds(chapter: str, seed: int):
     keep_widget_outputs_client_side()

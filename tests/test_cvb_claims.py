@@ -1,5 +1,5 @@
-"""The CVB chapters' claims at ci scale on two seeds besides the chapters' seed 0, so that each
-holds on three (about 40 s a seed on one free core), and the claim function can fail."""
+"""The CVB chapters' claims at ci scale on ``CLAIM_SEEDS``, besides the chapters' seed 0, so that
+each holds on three (about 40 s a seed on one free core), and the claim function can fail."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import torch
 from leakagelib.experiments import cvb_claims
 from leakagelib.experiments.cvb_analysis import attack_ssim, gradient_entries, victims
 from leakagelib.experiments.cvb_common import CVB_DEFAULT, PRECODE_TABLE2, cnn
+from leakagelib.experiments.paired import CLAIM_SEEDS
 
 torch.set_num_threads(1)
 
-#: The chapters "Variational bottlenecks" and "CVB against attacks and architectures" run seed 0.
-SEEDS = (1, 2)
 #: Their ci settings: victims and Inverting Gradients iterations of their own attacks.
 IMAGES, STEPS = 4, 300
 
@@ -40,7 +39,7 @@ def chapter_ssims(seed: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", CLAIM_SEEDS)
 def test_the_cvb_chapters_claims_hold_on_more_seeds(seed: int):
     ssim = chapter_ssims(seed)
     gains = cvb_claims.ssim_gains(ssim)
@@ -57,7 +56,7 @@ ENTRIES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", CLAIM_SEEDS)
 def test_figure5s_reading_holds_on_more_seeds(seed: int):
     """Without a defense the entries approach the client's; through PRECODE the head's jumps."""
     images, labels, norm = victims("mnist", IMAGES, scale="ci", seed=seed)
