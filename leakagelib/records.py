@@ -245,10 +245,6 @@ def default_results_dir() -> Path:
     return PACKAGED_RESULTS
 
 
-#: :func:`default_results_dir` as found at import time (kept for code that reads the constant).
-RESULTS_DIR = default_results_dir()
-
-
 def record_filename(experiment_id: str) -> str:
     """``"bayes/table2"`` → ``"bayes-table2.json"``: the name of its record in ``results/``."""
     return experiment_id.replace("/", "-") + ".json"

@@ -93,10 +93,6 @@ class Watch:
             value = state[name]
             setattr(self, name, None if value is None else value.to(self.lr.device))
 
-    def lr_of(self, like: Tensor) -> Tensor:
-        """Each attack's current learning rate, shaped to scale a tensor ``like`` the iterates."""
-        return _broadcast(self.lr, like)
-
     def record(self, value: Tensor, x: Tensor, z: Tensor) -> None:
         """Note ``f(x_t)`` of every attack; an active attack that improves keeps ``x_t`` as its
         best (``best_iterate="recorded"``), or the iterate :meth:`settle` receives after this
