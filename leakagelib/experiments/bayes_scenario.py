@@ -193,7 +193,14 @@ def scenario(
     never trains on an image it is attacked on), with the config's
     ``train_lr`` and ``train_batch``, and, where ``train_defended``, under
     ``defense`` (a key of :data:`DEFENSES`, the cell's: its noise added to
-    every training step's gradient; see :data:`SCENARIO`). A command-line run
+    every training step's gradient; see :data:`SCENARIO`). The records in
+    ``results/`` were made offline on test-set samples (their ``data``: CIFAR-10
+    test images 0–499 and MNIST 0–4,999, four fifths of each the training
+    split), so their victims are test images and the step-500 network trains on
+    300 and 3,900 images, where the paper's victims and training come from the
+    training sets; the chapter counts the paper's own sampling error for that
+    when it sets the records beside the paper (:func:`.bayes_claims.table2_misses`).
+    A command-line run
     keeps the trained network (:func:`~.resume.kept_training`), so that a
     unit killed in its attacks resumes them on the same update.
     """
