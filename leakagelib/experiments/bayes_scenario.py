@@ -200,9 +200,8 @@ def scenario(
     300 and 3,900 images, where the paper's victims and training come from the
     training sets; the chapter counts the paper's own sampling error for that
     when it sets the records beside the paper (:func:`.bayes_claims.table2_misses`).
-    A command-line run
-    keeps the trained network (:func:`~.resume.kept_training`), so that a
-    unit killed in its attacks resumes them on the same update.
+    A command-line run keeps the trained network (:func:`~.resume.kept_training`),
+    so that a unit killed in its attacks resumes them on the same update.
     """
     cfg = ctx.config
     victims = ctx.dataset(logical, n, split="train", shuffle=False)
