@@ -99,17 +99,13 @@ def test_the_layer_drop_attack_does_not_depend_on_the_pruning_rate() -> None:
 def test_fig5_rows_attacks_and_images() -> None:
     out = shrunk_run("bayes/fig5-soteria-layers", victims=2, **FAST_SOTERIA)
     keys = [(r["defended"], r["attack"]) for r in out["rows"]]
-    assert keys == [
-        ("fc1", "direct"),
-        ("fc1", "layer-drop"),
-        ("fc1", "layer-drop, layer unknown"),
-        ("fc2", "layer-drop"),
-    ]
+    attacks = ("direct", "layer-drop", "layer-drop, layer unknown")
+    assert keys == [(d, a) for d in ("fc1", "fc2") for a in attacks]  # either layer defended
     for row in out["rows"]:
         assert len(row["psnr_per_image"]) == 2
         assert math.isclose(row["psnr"], sum(row["psnr_per_image"]) / 2)
-    unknown = out["rows"][2]["chosen"]
-    assert len(unknown) == 2 and set(unknown) <= {"fc1", "fc2", "fc3"}
+    for unknown in (out["rows"][2]["chosen"], out["rows"][5]["chosen"]):
+        assert len(unknown) == 2 and set(unknown) <= {"fc1", "fc2", "fc3"}
     assert set(out["images"]) == {"original", *(f"{d} {a}" for d, a in keys)}
     assert torch.tensor(out["images"]["fc2 layer-drop"]).shape == (2, 1, 28, 28)
     assert out["data"] == {"cifar10": "digits28"}  # the Soteria victims at ci (bayes_soteria)

@@ -259,9 +259,11 @@ def fig5_soteria_layers(ctx: Context) -> dict:
     is a client sending its image's update with Soteria on ``fc1`` — the
     largest linear layer — or on ``fc2``, the second largest. Attacks, all from
     the same starting points: "direct" (every layer, Fig. 5b), "layer-drop"
-    (every layer but the defended one, 5c and 5d) and, with ``fc1`` defended,
-    "layer-drop, layer unknown" (one layer-drop attack per linear layer, the
-    lowest final objective kept: :func:`~leakagelib.defenses.layer_drop_attack`).
+    (every layer but the defended one, 5c and 5d) and "layer-drop, layer
+    unknown" (one layer-drop attack per linear layer, the lowest final
+    objective kept: :func:`~leakagelib.defenses.layer_drop_attack`), run with
+    either layer defended, so that a rule which merely favoured the largest
+    layer would show.
     One unit per defended layer. Rows: ``defended``, ``attack``, ``psnr``
     (mean dB), ``psnr_std``, ``psnr_per_image``, ``chosen`` (the layer the
     unknown-layer attack dropped, per image; ``None`` for the others). Extra
@@ -278,7 +280,7 @@ def fig5_soteria_layers(ctx: Context) -> dict:
         defense = Soteria(layer, cfg.pruning_rate, attack=cfg.likelihood)
         case = build_case(trained.model, images, labels, norm, defense=defense, device=ctx.device)
         rows = []
-        for attack, recon, chosen in _fig5_attacks(ctx, case, layer, unknown=defended == "fc1"):
+        for attack, recon, chosen in _fig5_attacks(ctx, case, layer):
             psnr = case.score_images(recon)
             rows.append({"defended": defended, "attack": attack, **psnr_summary(psnr),
                          "psnr_per_image": psnr.tolist(), "chosen": chosen,
@@ -297,30 +299,27 @@ def fig5_soteria_layers(ctx: Context) -> dict:
 
 
 def _fig5_attacks(
-    ctx: Context, case: Case, layer: str, *, unknown: bool
+    ctx: Context, case: Case, layer: str
 ) -> list[tuple[str, Tensor, list[str] | None]]:
     """``(attack, reconstructions in [0, 1], chosen layers)`` of the attacks on ``layer`` defended.
 
-    ``unknown`` (``fc1`` defended): the direct attack (Fig. 5b) and the
-    layer-drop attack for every linear layer in one batched program, reported
-    as "direct", "layer-drop" (the candidate that drops the defended layer)
-    and "layer-drop, layer unknown"; otherwise (``fc2``, Fig. 5d) only the
-    layer-drop attack that knows the layer.
+    The direct attack (Fig. 5b) and the layer-drop attack for every linear
+    layer in one batched program, reported as "direct", "layer-drop" (the
+    candidate that drops the defended layer: 5c, or 5d with ``fc2``) and
+    "layer-drop, layer unknown".
     """
     attacks = soteria_attacks(ctx.config, case.defense)
     drop, direct = attacks["layer-drop"], attacks["direct"]
     result = layer_drop_attack(
         case.model, case.updates, labels=case.labels.to(ctx.device), input_shape=case.input_shape,
-        prior=drop.prior, config=drop.config, layers=None if unknown else [layer],
-        kind=ctx.config.likelihood, extra={"direct": direct.likelihood} if unknown else None,
+        prior=drop.prior, config=drop.config, kind=ctx.config.likelihood,
+        extra={"direct": direct.likelihood},
         bounds=case.bounds, generator=ctx.generator(7), device=ctx.device,
     )  # fmt: skip
 
     def images(candidates: Tensor) -> Tensor:
         return case.normalizer.denormalize(candidates[:, 0].cpu()).clamp(0, 1)
 
-    if not unknown:
-        return [("layer-drop", images(result.candidates[layer]), None)]
     chosen = [name.removesuffix(".linear") for name in result.chosen]
     return [
         ("direct", images(result.candidates["direct"]), None),

@@ -200,20 +200,20 @@ def _soteria_net(ctx: Context) -> tuple[Net, nn.Module]:
 
 
 def fig5_work(ctx: Context) -> list[list[Load]]:
-    """``bayes/fig5-soteria-layers``: ConvBig's training (before the first unit); ``fc1`` defended:
-    Soteria's fit and one batched attack of the layer-drop candidate of every linear layer and the
-    direct attack; ``fc2`` defended: the fit and the layer-drop attack that knows the layer."""
+    """``bayes/fig5-soteria-layers``: ConvBig's training (before the first unit); per defended
+    layer (``fc1``, ``fc2``) Soteria's fit and one batched attack of the layer-drop candidate of
+    every linear layer and the direct attack."""
     from ..defenses import layer_drop_likelihoods
     from .bayes_soteria import TRAIN_BATCH
 
     cfg = ctx.config
     net, model = _soteria_net(ctx)
     candidates = len(layer_drop_likelihoods(model, cfg.likelihood)) + 1
-    attack = [Load(net, "attack", n * cfg.victims, cfg.attack_steps) for n in (candidates, 1)]
+    attack = Load(net, "attack", candidates * cfg.victims, cfg.attack_steps)
     return [
         [*_training(net, TRAIN_BATCH, cfg.train_steps),
-         _soteria_fit(net, model, "fc1.linear", cfg.victims), attack[0]],
-        [_soteria_fit(net, model, "fc2.linear", cfg.victims), attack[1]],
+         _soteria_fit(net, model, "fc1.linear", cfg.victims), attack],
+        [_soteria_fit(net, model, "fc2.linear", cfg.victims), attack],
     ]  # fmt: skip
 
 
