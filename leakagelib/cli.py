@@ -176,7 +176,8 @@ def _plan_line(
             head += "a unit resumes from its checkpoint, "
         eta = partial.estimate(args.device)
         if eta is not None:
-            return "partial", head + f"about {format_duration(eta)} left at the pace so far", eta
+            pace = "so far" if len(partial.devices()) == 1 else f"of its units on {args.device}"
+            return "partial", head + f"about {format_duration(eta)} left at the pace {pace}", eta
         found = estimator.of(experiments.get(exp_id), args.scale, data)
         if found is None or not partial.total:
             return "partial", head + "time left unknown", None

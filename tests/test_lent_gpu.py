@@ -4,7 +4,9 @@ The script's own environment switches (``SCALE``, ``DEVICE``, ``RESULTS``,
 ``PYTHON``, ``OUT``) run it here at ci scale: it must pass the offline sample
 of only the datasets the experiments use, copy each finished record into
 ``$OUT`` and end with ``timeout``'s status when its time runs out, so that a
-device call that was cut short says so.
+device call that was cut short says so, and end within its seconds even when
+the stop signal is not heeded, so that the device's own limit never cuts the
+copying (``GRACE`` shortens the script's lead times for these tests).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +34,9 @@ def _mnist_sample(root: Path) -> Path:
     return path
 
 
-def _run(root: Path, seconds: int, *ids: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def _run(
+    root: Path, seconds: int, *ids: str, grace: int = 60, python: str = sys.executable
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
     """The script at ci scale on the CPU from ``root``, with results and ``$OUT`` of its own."""
     out, results = root / f"out-{seconds}", root / f"results-{seconds}"
     out.mkdir()
@@ -40,8 +45,9 @@ def _run(root: Path, seconds: int, *ids: str) -> tuple[subprocess.CompletedProce
         "SCALE": "ci",
         "DEVICE": "cpu",
         "RESULTS": str(results),
-        "PYTHON": sys.executable,
+        "PYTHON": python,
         "OUT": str(out),
+        "GRACE": str(grace),
     }
     done = subprocess.run(
         ["bash", str(SCRIPT), str(seconds), *ids],
@@ -68,6 +74,33 @@ def test_a_finished_record_comes_back_with_the_sample_it_read(tmp_path: Path) ->
 
 def test_a_run_cut_short_ends_with_timeouts_status(tmp_path: Path) -> None:
     _mnist_sample(tmp_path)
-    done, out, _ = _run(tmp_path, 1, "intro/bias-attack")  # a second: not even torch's import
+    # the stop signal after a second: not even torch's import
+    done, out, _ = _run(tmp_path, 2, "intro/bias-attack", grace=1)
     assert done.returncode == 124, done.stdout + done.stderr
+    assert not list(out.iterdir())
+
+
+def test_a_run_that_ignores_the_stop_signal_is_killed_within_its_seconds(tmp_path: Path) -> None:
+    """A campaign that does not stop at SIGTERM (a GPU program runs to its end first) is killed a
+    quarter of GRACE before SECONDS, and what it left is still copied."""
+    stubborn = tmp_path / "python"
+    stubborn.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = -c ]; then exit 0; fi  # the datasets query: none\n'
+        "trap '' TERM\n"
+        'mkdir -p "$RESULTS" && echo "{}" > "$RESULTS/intro-bias-attack.json.partial"\n'
+        "sleep 60\n",
+        encoding="utf-8",
+    )
+    stubborn.chmod(0o755)
+    start = time.monotonic()
+    done, out, _ = _run(tmp_path, 8, "intro/bias-attack", grace=4, python=str(stubborn))
+    assert time.monotonic() - start < 8
+    assert done.returncode == 137, done.stdout + done.stderr  # timeout's status after SIGKILL
+    assert (out / "intro-bias-attack.json.partial").read_text(encoding="utf-8") == "{}\n"
+
+
+def test_seconds_within_the_grace_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    done, out, _ = _run(tmp_path, 60, "intro/bias-attack", python="/nonexistent")
+    assert done.returncode == 2 and "must exceed GRACE = 60" in done.stderr
     assert not list(out.iterdir())

@@ -310,13 +310,15 @@ def test_the_objective_alone_is_the_objective_of_the_gradient_call(engine):
 @pytest.mark.parametrize("power", [1, 2], ids=["abs", "square"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("chunk", [1, residuals.CHUNK_BYTES], ids=["one-attack", "all-attacks"])
+@pytest.mark.parametrize("gather", [False, True], ids=["cpu-plan", "gpu-plan"])
 def test_residual_sums_of_factors_equal_the_materialised_ones_chunk_by_chunk(
-    power, masked, chunk, monkeypatch
+    power, masked, chunk, gather, monkeypatch
 ):
     """The ℓ1 and pruned likelihoods' ``Σ φ(g − m ⊙ s)`` from a dense layer's factors, one attack
-    per chunk and every attack (of different observed updates) in one: values and gradients as
-    with every ``s`` materialised, the pruned entries' constant included."""
-    monkeypatch.setattr(residuals, "CHUNK_BYTES", chunk)
+    per chunk and every attack (of different observed updates) in one, the observed updates
+    added attack by attack (a CPU's plan) or gathered per chunk (a GPU's): values and gradients
+    as with every ``s`` materialised, the pruned entries' constant included."""
+    monkeypatch.setattr(residuals, "_plan", lambda device: (chunk, gather))
     H, N, M, R, out, inp = 2, 3, 2, 2, 5, 7
     d = torch.randn(H, N, M, R, out, dtype=torch.float64, requires_grad=True)
     a = torch.randn(H, N, M, R, inp, dtype=torch.float64, requires_grad=True)

@@ -134,6 +134,10 @@ def test_the_pace_of_units_run_on_another_device_is_not_this_ones(tmp_path):
     assert part.devices() == {"cuda"}
     assert part.estimate("cuda") == part.estimate() == 120.0
     assert part.estimate("cpu") is None, "a GPU's pace says nothing about the CPU's"
+    part.add("b", [{"v": 2.0}], seconds=600.0, total=3, made={"commit": "c", "device": "cpu"})
+    assert part.devices() == {"cuda", "cpu"}
+    assert part.estimate("cuda:0") == 60.0, "one unit left at the pace of the GPU's units"
+    assert part.estimate("cpu") == 600.0 and part.estimate() == 330.0
 
 
 def test_units_saved_without_their_maker_are_listed_with_none():
@@ -186,6 +190,11 @@ def test_the_campaign_plan_estimates_a_gpu_partial_record_at_this_devices_pace(t
         "bayes/table2", out, Namespace(**{**vars(args), "device": "cuda"}), estimator
     )
     assert eta == 180.0 and "at the pace so far" in line
+    part.add("b", [{"v": 2.0}], seconds=6000.0, total=4, made={"commit": "c", "device": "cpu"})
+    status, line, eta = _plan_line(
+        "bayes/table2", out, Namespace(**{**vars(args), "device": "cuda"}), estimator
+    )
+    assert eta == 120.0 and "at the pace of its units on cuda" in line, "not probed here"
 
 
 SLOW_RUN = """

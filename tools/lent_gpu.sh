@@ -3,8 +3,12 @@
 #
 # Runs `python -m leakagelib campaign` for the given experiments under `timeout`, so that the
 # command ends before the device's per-command limit: a unit's attack under way saves its
-# checkpoint at the end of its step when the SIGTERM comes (leakagelib/attacks/checkpoint.py).
-# Then it copies each experiment's record, partial record and attack checkpoints into $OUT, from
+# checkpoint at the end of its step when the SIGTERM comes (leakagelib/attacks/checkpoint.py;
+# a search saves at the end of its running program, which on a GPU is a whole stage).
+# SIGTERM comes GRACE (default 60) seconds before SECONDS and SIGKILL a quarter of GRACE before,
+# so the whole command, copying included, ends within SECONDS: give the device call a timeout_s
+# of at least SECONDS (a call cut at 600 s with the kill planned at 605 brought nothing back,
+# 2026-11-28). Then it copies each experiment's record, partial record and attack checkpoints into $OUT, from
 # where they come back to the developer's machine: put the records and partial records in
 # results/ and commit them; put a checkpoint folder beside its partial record (it is not
 # committed) and name it in the next device call's `carry` to resume the unit there.
@@ -12,13 +16,18 @@
 # Usage, from the repository root of the device machine, with the offline samples copied into
 # .shared-data/ (git-ignored) and carried:
 #   tools/lent_gpu.sh SECONDS ID [ID ...]
-# e.g. tools/lent_gpu.sh 520 cvb/table5-architectures  (with timeout_s about 580)
-# SCALE, DEVICE, RESULTS and PYTHON (default paper, cuda, results, python3) allow a smoke
+# e.g. tools/lent_gpu.sh 580 cvb/table5-architectures  (with timeout_s 600)
+# SCALE, DEVICE, RESULTS, PYTHON and GRACE (default paper, cuda, results, python3, 60) allow a smoke
 # test elsewhere:
 #   SCALE=ci DEVICE=cpu RESULTS=/tmp/smoke PYTHON=.venv/bin/python OUT=/tmp/o tools/lent_gpu.sh 600 ID
 set -u
 seconds=$1
 shift
+grace=${GRACE:-60}
+if [ "$seconds" -le "$grace" ]; then
+  echo "SECONDS must exceed GRACE = $grace (the stop signal comes GRACE before it), got $seconds" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1
 # Table 2's CIFAR-10 units ran out of the H100's 79 GiB with 23 GiB reserved but unallocated (the
 # caching allocator's fragments); growable segments let them finish.
@@ -36,7 +45,7 @@ changes=()
 for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's images
   case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
 done
-timeout -s TERM -k 60 "$seconds" "$python" -m leakagelib campaign --scale "${SCALE:-paper}" \
+timeout -s TERM -k "$((grace * 3 / 4))" "$((seconds - grace))" "$python" -m leakagelib campaign --scale "${SCALE:-paper}" \
   --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet "${data[@]}" \
   "${changes[@]}" --only "$@"
 status=$?

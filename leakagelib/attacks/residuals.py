@@ -24,6 +24,18 @@ against 366–393 and 222 (both versions interleaved in one process, the
 paper-scale run paused; 2026-11-28). ``tests/test_per_attack.py`` checks
 values and gradients against the materialised form. Used by
 :class:`~.likelihoods.Laplace` and :class:`~.likelihoods.Pruned`.
+
+A GPU wants the opposite trade: it pays per kernel launch, not per byte
+streamed. Chunks of the CPU's size (two or three attacks) and a Python loop
+over the attacks of a chunk launch a few kernels per attack per pass: on a
+lent H200 (2026-11-28) the first step-500 CIFAR-10 unit of Table 2 was still
+in its search after about five minutes of it, where whole step-0 units had
+taken about two minutes on an H100 before this module. So on a GPU a chunk
+is :data:`GPU_CHUNK_BYTES` of ``s`` and its observed updates are gathered in
+one indexing (:func:`_plan`). ``benchmarks/residuals_speed.py`` times both
+plans; on that H200, one pass over the ℓ1 attack's 4,800 grid attacks took
+287–371 ms with the CPU's plan and 34–38 ms with the GPU's (the README's
+Speed section).
 """
 
 from __future__ import annotations
@@ -36,10 +48,22 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from .per_attack import Observed, Simulated
 
-__all__ = ["CHUNK_BYTES", "residual_sums"]
+__all__ = ["CHUNK_BYTES", "GPU_CHUNK_BYTES", "residual_sums"]
 
-#: Bytes of simulated gradient built at once (a chunk of attacks): a few times a core's L2.
+#: Bytes of simulated gradient built at once on a CPU (a chunk of attacks): a few times a
+#: core's L2.
 CHUNK_BYTES = 4 * 2**20
+#: Bytes of simulated gradient built at once on a GPU: a few hundred of Table 2's CIFAR-10
+#: attacks, so that a pass launches a few kernels per chunk rather than per attack, and a
+#: small share of a lent GPU's memory (the chunk's ``s`` and its gathered updates).
+GPU_CHUNK_BYTES = 2**30
+
+
+def _plan(device: torch.device) -> tuple[int, bool]:
+    """Bytes of ``s`` per chunk, and whether a chunk gathers its observed updates in one
+    indexing (a GPU) rather than adding them attack by attack in place (a CPU, where the
+    gathered copy is the cost: see the module docstring)."""
+    return (CHUNK_BYTES, False) if device.type == "cpu" else (GPU_CHUNK_BYTES, True)
 
 
 def _phi(r: Tensor, power: int) -> Tensor:
@@ -71,9 +95,9 @@ class _FactoredResiduals(torch.autograd.Function):
     ) -> Tensor:
         ctx.save_for_backward(d, a, neg_kept, which, mask)
         ctx.power = power
-        out, ns = d.new_empty(d.shape[0]), which.tolist()
-        for lo, hi in _chunks(d.shape[0], neg_kept[0].numel() * d.element_size()):
-            t = _residual(d[lo:hi], a[lo:hi], neg_kept, ns[lo:hi], mask)
+        out = d.new_empty(d.shape[0])
+        for lo, hi, ns in _chunks(which, neg_kept[0].numel() * d.element_size()):
+            t = _residual(d[lo:hi], a[lo:hi], neg_kept, ns, mask)
             norms = torch.linalg.vector_norm(t.flatten(1), ord=power, dim=1)
             out[lo:hi] = norms if power == 1 else norms.square()
         return out + rest.index_select(0, which)
@@ -84,9 +108,8 @@ class _FactoredResiduals(torch.autograd.Function):
         d, a, neg_kept, which, mask = ctx.saved_tensors
         grad_d, grad_a = torch.empty_like(d), torch.empty_like(a)
         scale = grad if ctx.power == 1 else 2.0 * grad  # φ'(t) = sign(t) or 2t
-        ns = which.tolist()
-        for lo, hi in _chunks(d.shape[0], neg_kept[0].numel() * d.element_size()):
-            t = _residual(d[lo:hi], a[lo:hi], neg_kept, ns[lo:hi], mask)
+        for lo, hi, ns in _chunks(which, neg_kept[0].numel() * d.element_size()):
+            t = _residual(d[lo:hi], a[lo:hi], neg_kept, ns, mask)
             ds = t.sign_() if ctx.power == 1 else t
             torch.matmul(a[lo:hi], ds.transpose(-1, -2), out=grad_d[lo:hi])
             torch.matmul(d[lo:hi], ds, out=grad_a[lo:hi])
@@ -95,18 +118,25 @@ class _FactoredResiduals(torch.autograd.Function):
         return grad_d, grad_a, None, None, None, None, None
 
 
-def _chunks(total: int, bytes_per_attack: int) -> list[tuple[int, int]]:
-    """Bounds of consecutive chunks of ``total`` attacks, :data:`CHUNK_BYTES` of ``s`` each."""
-    step = max(1, CHUNK_BYTES // max(1, bytes_per_attack))
-    return [(lo, min(total, lo + step)) for lo in range(0, total, step)]
+def _chunks(which: Tensor, bytes_per_attack: int) -> list[tuple[int, int, Tensor | list[int]]]:
+    """Bounds of consecutive chunks of the attacks (``which`` gives each one's observed update),
+    of :func:`_plan`'s bytes of ``s`` each, with the chunk's indices: a tensor to gather with,
+    or a list to loop over (read once per pass, so a GPU synchronises once)."""
+    size, gather = _plan(which.device)
+    step, total = max(1, size // max(1, bytes_per_attack)), which.shape[0]
+    ns = which if gather else which.tolist()
+    return [(lo, min(total, lo + step), ns[lo : lo + step]) for lo in range(0, total, step)]
 
 
 def _residual(
-    d: Tensor, a: Tensor, neg_kept: Tensor, which: list[int], mask: Tensor | None
+    d: Tensor, a: Tensor, neg_kept: Tensor, which: Tensor | list[int], mask: Tensor | None
 ) -> Tensor:
     """``t = m ⊙ δᵀa − m ⊙ g[which]`` for a chunk of attacks (``chunk × out × in``), built in
     place: ``neg_kept`` is ``−m ⊙ g`` (``−g`` without a mask)."""
     t = d.transpose(-1, -2) @ a
+    if isinstance(which, Tensor):
+        g = neg_kept.index_select(0, which)
+        return t.add_(g) if mask is None else torch.addcmul(g, t, mask, out=t)
     for k, n in enumerate(which):
         if mask is None:
             t[k].add_(neg_kept[n])

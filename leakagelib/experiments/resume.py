@@ -251,18 +251,27 @@ class PartialRecord:
         return {device_kind(self.made.get(key, {}).get("device")) for key in self.units}
 
     def estimate(self, device: str | None = None) -> float | None:
-        """Seconds the unfinished units will take at the mean pace of the finished ones.
+        """Seconds the unfinished units will take at the mean pace of the finished ones, or,
+        with ``device``, of those made on its kind.
 
         ``None`` before the first unit has finished (the pace is unknown), or
-        when ``device`` is given and the finished units ran on another one
-        (a GPU's pace says nothing about a CPU's).
+        when ``device`` is given and no finished unit ran on its kind (a GPU's
+        pace says nothing about a CPU's). A run that moved between devices
+        (Table 2's re-run: eleven units on lent GPUs, one on a CPU) is paced by
+        its units on this one, so a lent GPU's short call does not spend its
+        first minutes probing (:mod:`.estimate`).
         """
-        if not self.seconds or self.total is None:
+        if self.total is None:
             return None
-        if device is not None and self.devices() != {device_kind(device)}:
+        kind = None if device is None else device_kind(device)
+        paces = [
+            seconds
+            for key, seconds in self.seconds.items()
+            if kind is None or device_kind(self.made.get(key, {}).get("device")) == kind
+        ]
+        if not paces:
             return None
-        left = max(self.total - len(self.units), 0)
-        return left * sum(self.seconds.values()) / len(self.seconds)
+        return max(self.total - len(self.units), 0) * sum(paces) / len(paces)
 
     def discard(self) -> None:
         """Remove the partial file (the final record has been written)."""
