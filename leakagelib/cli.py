@@ -11,7 +11,9 @@ interrupted run (:mod:`leakagelib.experiments.resume`). ``campaign --scale
 paper [--only ID ...]`` runs every experiment into ``results/`` in order,
 skipping finished records and resuming partial ones, after printing its plan
 with an estimate of each unfinished experiment's time on this device
-(:mod:`leakagelib.experiments.estimate`).
+(:mod:`leakagelib.experiments.estimate`). ``--shard K/N`` (with ``--resume``
+for ``reproduce``) makes the process one of N started side by side that share
+the run's units and its partial record; the last to finish writes the record.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .cli_checks import (
     check_device,
     check_out,
     checked_changes,
+    parse_shard,
 )
 from .records import record_filename, run_seconds, write_record
 from .reporting import format_table
@@ -103,26 +106,32 @@ def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], cha
         identity["data_sha256"] = data_digests(overrides)
     if changes:  # an older partial record, made without changes, keeps its identity
         identity["changes"] = changes
-    return PartialRecord(path, identity, resume=args.resume)
+    return PartialRecord(path, identity, resume=args.resume, shard=args.shard)
 
 
-def run_to_record(args: argparse.Namespace, out: Path) -> Path:
-    """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign)."""
+def run_to_record(args: argparse.Namespace, out: Path) -> Path | None:
+    """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign);
+    ``None`` when this process is a shard that finished before the others."""
     from . import experiments
+    from .experiments.resume import ShardDone
 
     overrides, changes = _checked_overrides(args), _checked_changes(args)
     partial = _partial(args, out, overrides, changes)
-    record = experiments.run(
-        args.id,
-        args.scale,
-        device=args.device,
-        seed=args.seed,
-        data=overrides,
-        progress=not args.quiet,
-        download=args.download,
-        partial=partial,
-        changes=changes,
-    )
+    try:
+        record = experiments.run(
+            args.id,
+            args.scale,
+            device=args.device,
+            seed=args.seed,
+            data=overrides,
+            progress=not args.quiet,
+            download=args.download,
+            partial=partial,
+            changes=changes,
+        )
+    except ShardDone as done:
+        print(f"{args.id}: {done}")
+        return None
     print(format_table(record["rows"]))
     path = _write_safely(record, out)
     partial.discard()
@@ -132,6 +141,8 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.shard is not None and not args.resume:
+        raise UsageError("--shard needs --resume: the shards share one partial record")
     default = record_filename(args.id).replace(".json", f".{args.scale}.json")
     out = check_out(default if args.out is None else args.out)
     _checked_overrides(args)
@@ -266,6 +277,13 @@ def _run_options() -> argparse.ArgumentParser:
         help="download missing torchvision/MedMNIST datasets (default: only with --scale paper)",
     )
     common.add_argument("--quiet", action="store_true", help="no progress bars")
+    common.add_argument(
+        "--shard",
+        type=parse_shard,
+        metavar="K/N",
+        help="run the units at positions K, K+N, ... of a run split over N processes started "
+        "side by side, sharing its partial record (e.g. 0/8 ... 7/8 on one GPU)",
+    )
     return common
 
 

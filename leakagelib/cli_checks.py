@@ -7,6 +7,7 @@ reliability checks; tests/test_cli.py holds one test per kind of bad input).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import tempfile
@@ -54,6 +55,17 @@ def check_out(out: str, option: str = "--out") -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{option} {out!r} exists and is not writable")
     return path
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard K/N`` as ``(K, N)``, with 0 <= K < N (an argparse type: a bad one is a usage
+    error naming the option)."""
+    head, sep, tail = text.partition("/")
+    if not (sep and head.isdigit() and tail.isdigit() and int(head) < int(tail)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not K/N with 0 <= K < N (the K-th of N shards, e.g. 0/4)"
+        )
+    return int(head), int(tail)
 
 
 def check_device(device: str) -> None:

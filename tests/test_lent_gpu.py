@@ -35,7 +35,12 @@ def _mnist_sample(root: Path) -> Path:
 
 
 def _run(
-    root: Path, seconds: int, *ids: str, grace: int = 60, python: str = sys.executable
+    root: Path,
+    seconds: int,
+    *ids: str,
+    grace: int = 60,
+    python: str = sys.executable,
+    workers: int = 1,
 ) -> tuple[subprocess.CompletedProcess, Path, Path]:
     """The script at ci scale on the CPU from ``root``, with results and ``$OUT`` of its own."""
     out, results = root / f"out-{seconds}", root / f"results-{seconds}"
@@ -48,6 +53,7 @@ def _run(
         "PYTHON": python,
         "OUT": str(out),
         "GRACE": str(grace),
+        "WORKERS": str(workers),
     }
     done = subprocess.run(
         ["bash", str(SCRIPT), str(seconds), *ids],
@@ -104,3 +110,17 @@ def test_seconds_within_the_grace_are_refused_before_anything_runs(tmp_path: Pat
     done, out, _ = _run(tmp_path, 60, "intro/bias-attack", python="/nonexistent")
     assert done.returncode == 2 and "must exceed GRACE = 60" in done.stderr
     assert not list(out.iterdir())
+
+
+def test_workers_run_the_units_as_shards_and_the_last_writes_the_record(tmp_path: Path) -> None:
+    """WORKERS=2: two campaigns side by side split Fig. 7's three units; one stops when its
+    share is done, the other writes the record of all three (taking in the first's units: it
+    says it resumed), which comes back."""
+    _mnist_sample(tmp_path)
+    done, out, _ = _run(tmp_path, 240, "bayes/fig7-mc-samples", workers=2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # one shard stops early, unless both finish at once (then both write the same rows)
+    assert done.stdout.count("has run its units") <= 1, done.stdout
+    record = json.loads((out / "bayes-fig7-mc-samples.json").read_text(encoding="utf-8"))
+    assert len(record["provenance"]["units"]) == 3 and record["provenance"]["resumed"]
+    assert sorted(p.name for p in out.iterdir()) == ["bayes-fig7-mc-samples.json"]

@@ -225,3 +225,69 @@ def test_sigint_during_a_run_keeps_the_earlier_record(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and b"no record written" in err
     assert out.read_text() == before
+
+
+def test_a_run_split_into_shards_gives_the_record_of_an_unsplit_one(toy, tmp_path, capsys):
+    """Shard 0 of 2 runs units a and c and stops without a record; shard 1 (here through
+    ``campaign``) runs b and d, finds a and c in the shared partial record and writes it."""
+    calls, _ = toy
+    whole, split = tmp_path / "whole.json", tmp_path / "results" / "test-toy.json"
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(whole)]) == 0
+    calls.clear()
+    first = ["reproduce", "test/toy", "--quiet", "--out", str(split), "--resume", "--shard", "0/2"]
+    assert main(first) == 0
+    assert calls == ["a", "c"] and not split.exists()
+    assert "shard 0/2 has run its units; 2 of 4 are the other shards'" in capsys.readouterr().out
+    calls.clear()
+    rest = ["campaign", "--only", "test/toy", "--quiet", "--results", str(split.parent)]
+    assert main([*rest, "--shard", "1/2"]) == 0
+    assert calls == ["b", "d"], "each unit ran once, in one shard"
+    assert read_record(split)["rows"] == read_record(whole)["rows"]
+    assert read_record(split)["provenance"]["resumed"], "units from another process"
+    assert sorted(p.name for p in split.parent.iterdir()) == ["test-toy.json"]  # no partial, lock
+    capsys.readouterr()
+    assert main([*first[:-3], "--shard", "0/2"]) == 2  # without --resume
+    assert "--shard needs --resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main([*first[:-1], "4/2"])
+    assert exited.value.code == 2
+    assert "is not K/N with 0 <= K < N" in capsys.readouterr().err
+
+
+SHARD_RUN = """
+import sys, time
+import torch
+from leakagelib.cli import main
+from leakagelib.experiments import registry
+
+@registry.experiment("test/shards", row_keys=("unit", "value"))
+def shards(ctx):
+    def unit(key):
+        time.sleep(0.2)  # the shards' saves interleave
+        return [{"unit": key, "value": float(torch.rand(()))}]
+    return ctx.units(list(range(12)), unit, "shards")
+
+sys.exit(main(["reproduce", "test/shards", "--quiet", "--out", sys.argv[1], *sys.argv[2:]]))
+"""
+
+
+def test_shards_side_by_side_lose_no_unit_of_their_shared_partial_record(tmp_path):
+    """Three processes at once add to one partial record under its lock: the record holds
+    every unit once, as one process alone would have made it."""
+    alone, split = tmp_path / "alone.json", tmp_path / "split.json"
+    run = [sys.executable, "-c", SHARD_RUN]
+    subprocess.run([*run, str(alone)], check=True, capture_output=True, timeout=120)
+    procs = [
+        subprocess.Popen(
+            [*run, str(split), "--resume", "--shard", f"{k}/3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for k in range(3)
+    ]
+    outs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], outs
+    assert read_record(split)["rows"] == read_record(alone)["rows"]
+    units = read_record(split)["provenance"]["units"]
+    assert sorted(u["unit"] for u in units) == list(range(12))
+    assert not (tmp_path / "split.json.partial").exists()

@@ -8,15 +8,18 @@
 # SIGTERM comes GRACE (default 60) seconds before SECONDS and SIGKILL a quarter of GRACE before,
 # so the whole command, copying included, ends within SECONDS: give the device call a timeout_s
 # of at least SECONDS (a call cut at 600 s with the kill planned at 605 brought nothing back,
-# 2026-11-28). Then it copies each experiment's record, partial record and attack checkpoints into $OUT, from
-# where they come back to the developer's machine: put the records and partial records in
-# results/ and commit them; put a checkpoint folder beside its partial record (it is not
-# committed) and name it in the next device call's `carry` to resume the unit there.
+# 2026-11-28). Then it copies each experiment's record, partial record and attack checkpoints
+# into $OUT, from where they come back to the developer's machine: put the records and partial
+# records in results/ and commit them; put a checkpoint folder beside its partial record (it is
+# not committed) and name it in the next device call's `carry` to resume the unit there.
 #
 # Usage, from the repository root of the device machine, with the offline samples copied into
 # .shared-data/ (git-ignored) and carried:
 #   tools/lent_gpu.sh SECONDS ID [ID ...]
 # e.g. tools/lent_gpu.sh 580 cvb/table5-architectures  (with timeout_s 600)
+# WORKERS=N runs N campaigns side by side as shards of each run (`--shard K/N`: a GPU that one
+# process of small networks leaves nearly idle runs N units at a time; the last shard to finish
+# writes the record), e.g. WORKERS=8 tools/lent_gpu.sh 580 bayes/fig2-training.
 # SCALE, DEVICE, RESULTS, PYTHON and GRACE (default paper, cuda, results, python3, 60) allow a smoke
 # test elsewhere:
 #   SCALE=ci DEVICE=cpu RESULTS=/tmp/smoke PYTHON=.venv/bin/python OUT=/tmp/o tools/lent_gpu.sh 600 ID
@@ -45,16 +48,28 @@ changes=()
 for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's images
   case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
 done
-timeout -s TERM -k "$((grace * 3 / 4))" "$((seconds - grace))" "$python" -m leakagelib campaign --scale "${SCALE:-paper}" \
-  --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet "${data[@]}" \
-  "${changes[@]}" --only "$@"
-status=$?
+workers=${WORKERS:-1}  # N > 1: N campaigns side by side, shards of each run (--shard K/N)
+pids=()
+for ((k = 0; k < workers; k++)); do
+  shard=()
+  if [ "$workers" -gt 1 ]; then shard=(--shard "$k/$workers"); fi
+  timeout -s TERM -k "$((grace * 3 / 4))" "$((seconds - grace))" "$python" -m leakagelib campaign \
+    --scale "${SCALE:-paper}" --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet \
+    "${data[@]}" "${changes[@]}" "${shard[@]}" --only "$@" &
+  pids+=($!)
+done
+status=0  # the first worker's failure (124: cut by the timeout), else 0
+for pid in "${pids[@]}"; do
+  wait "$pid"
+  code=$?
+  if [ "$status" -eq 0 ]; then status=$code; fi
+done
 for id in "$@"; do
   record=${RESULTS:-results}/${id//\//-}.json
   for file in "$record" "$record.partial"; do
     if [ -f "$file" ]; then cp "$file" "$OUT/"; fi
   done
-  if [ -d "$record.partial.attacks" ]; then
+  if compgen -G "$record.partial.attacks/*.pt" > /dev/null; then
     mkdir -p "$OUT/$(basename "$record").partial.attacks"
     cp "$record.partial.attacks"/*.pt "$OUT/$(basename "$record").partial.attacks/"
   fi

@@ -217,6 +217,8 @@ class Context:
         found = {unit_key(k): self.partial.get(k) for k in keys} if self.partial is not None else {}
         done = {k: rows for k, rows in found.items() if rows is not None}
         left = [k for k in keys if unit_key(k) not in done]
+        if self.partial is not None:  # a shard runs its share (--shard)
+            left = self.partial.share(keys, left)
         for key in self.track(left, desc, total=len(keys), initial=len(keys) - len(left)):
             torch.manual_seed(unit_seed(self.seed, key))
             start, self.running = time.perf_counter(), (key, [])
@@ -231,6 +233,8 @@ class Context:
                 seconds = time.perf_counter() - start + earlier
                 self.partial.add(key, rows, seconds, len(keys), made=made)
             done[unit_key(key)] = rows
+        if self.partial is not None:  # the other shards' units, or ShardDone
+            done.update(self.partial.others(keys, done))
         return [row for key in keys for row in done[unit_key(key)]]
 
 

@@ -14,6 +14,16 @@ a resumed run's units may come from several processes, commits or devices.
 ``python -m leakagelib reproduce ID --out F.json`` keeps the partial record
 in ``F.json.partial`` until the final record is written.
 
+A run may be split into *shards* (``--shard K/N``): processes started side by
+side, each running the units at positions K, K + N, ... of each
+:meth:`~leakagelib.experiments.Context.units` call, all adding to one
+partial record under a file lock. A lent GPU is nearly idle under one
+process of small networks (the README's Speed section), so N shards run N
+units at a time. A shard that finishes while others still run stops with
+:class:`ShardDone`; the one that finishes last finds every unit and writes
+the final record. Each unit's rows depend only on its key, so a sharded run
+gives the rows of an unsharded one (a test checks it).
+
 A run's identity names its ``--data`` files by path and by content
 (``data_sha256``), and a resume compares the content: a partial record made
 on a GPU machine from a copy of the samples resumes on a CPU machine that
@@ -25,7 +35,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +46,14 @@ from .. import records
 from ..attacks.checkpoint import LoopCheckpoint, fingerprint
 from ..records import write_json_atomically
 
+try:  # POSIX: the shards of a run share one partial record
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: --shard is refused there
+    fcntl = None
+
 __all__ = [
     "PartialRecord",
+    "ShardDone",
     "data_digests",
     "device_kind",
     "kept_training",
@@ -123,16 +140,44 @@ def kept_training(
     return model
 
 
+class ShardDone(Exception):
+    """A shard has run its units while other shards' are still missing: it stops, and the
+    shard that finishes last writes the record (``--shard``, see the module docstring)."""
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``PATH.lock`` while the partial record in ``path`` is read and
+    written by one of the shards that share it."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
 class PartialRecord:
     """The finished units of one run (experiment, scale, seed, data), kept in a JSON file.
 
     ``resume=False`` starts afresh (an old partial file is replaced on the
     first save); ``resume=True`` loads the file if it exists and refuses one
-    written by a different run, naming the difference.
+    written by a different run, naming the difference. ``shard = (k, n)``
+    makes this process the k-th of n that share the file (module docstring).
     """
 
-    def __init__(self, path: str | os.PathLike, identity: dict[str, Any], *, resume: bool) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        identity: dict[str, Any],
+        *,
+        resume: bool,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
+        if shard is not None and not (resume and 0 <= shard[0] < shard[1]):
+            raise ValueError(f"shard {shard} must be (k, n) with 0 <= k < n, of a resumed run")
+        if shard is not None and fcntl is None:
+            raise ValueError("shards need POSIX file locks, which this platform lacks")
+        self.path, self.shard = Path(path), shard
         self.identity = dict(identity)
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.seconds: dict[str, float] = {}
@@ -208,13 +253,52 @@ class PartialRecord:
         if made is not None:
             self.made[unit_key(key)] = dict(made)
         self.total = int(total)
-        saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
-        write_json_atomically({**saved, "made": self.made, "units": self.units}, self.path)
+        with _locked(self.path) if self.shard is not None else nullcontext():
+            self._merge()
+            saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
+            write_json_atomically({**saved, "made": self.made, "units": self.units}, self.path)
         folder = self._attacks_dir()  # the unit's attack checkpoints are no longer needed
         for path in folder.glob(f"{_unit_digest(key)}-*.pt"):
             path.unlink()
-        if folder.is_dir() and not any(folder.iterdir()):
+        # the folder goes with the last unit (a shard may be about to save into it)
+        if len(self.units) >= self.total and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+
+    def share(self, keys: Sequence[Any], left: Sequence[Any]) -> list[Any]:
+        """The units of ``left`` (unfinished, of ``keys``) this process runs: all of them, or
+        those of its shard (positions k, k + n, ... in ``keys``)."""
+        if self.shard is None:
+            return list(left)
+        k, n = self.shard
+        mine = {unit_key(key) for i, key in enumerate(keys) if i % n == k}
+        return [key for key in left if unit_key(key) in mine]
+
+    def others(self, keys: Sequence[Any], done: Mapping[str, Any]) -> dict[str, list[dict]]:
+        """The rows of the units of ``keys`` not in ``done`` (by :func:`unit_key`), which the
+        other shards ran; raises :class:`ShardDone` while any of them is missing."""
+        if self.shard is None:
+            return {}
+        with _locked(self.path):
+            self._merge()
+        missing = [key for key in keys if unit_key(key) not in done and self.get(key) is None]
+        if missing:
+            k, n = self.shard
+            raise ShardDone(
+                f"shard {k}/{n} has run its units; {len(missing)} of {len(keys)} are the other "
+                f"shards' (the last to finish writes the record; {self.path})"
+            )
+        return {unit_key(key): self.get(key) for key in keys if unit_key(key) not in done}
+
+    def _merge(self) -> None:
+        """Take in the units the run's other shards have saved in the file (a shard's; under
+        the lock), keeping this process's own."""
+        if self.shard is None or not self.path.exists():
+            return
+        units, seconds, made, total = self.units, self.seconds, self.made, self.total
+        self._load()  # the file's identity is checked against this run's
+        self.loaded = self.loaded | (frozenset(self.units) - frozenset(units))
+        self.units, self.seconds = {**self.units, **units}, {**self.seconds, **seconds}
+        self.made, self.total = {**self.made, **made}, total or self.total
 
     def provenance(self) -> dict[str, Any]:
         """The units' part of a final record's provenance.
@@ -274,8 +358,9 @@ class PartialRecord:
         return max(self.total - len(self.units), 0) * sum(paces) / len(paces)
 
     def discard(self) -> None:
-        """Remove the partial file (the final record has been written)."""
+        """Remove the partial file (the final record has been written), and a shards' lock."""
         self.path.unlink(missing_ok=True)
+        self.path.with_name(self.path.name + ".lock").unlink(missing_ok=True)
 
 
 def pending_record(
