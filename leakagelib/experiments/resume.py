@@ -342,8 +342,8 @@ class PartialRecord:
         when ``device`` is given and no finished unit ran on its kind (a GPU's
         pace says nothing about a CPU's). A run that moved between devices
         (Table 2's re-run: eleven units on lent GPUs, one on a CPU) is paced by
-        its units on this one, so a lent GPU's short call does not spend its
-        first minutes probing (:mod:`.estimate`).
+        its units on this one instead of probing step times (:mod:`.estimate`;
+        Table 2's probes ran for over 150 s on this project's CPU, 2026-11-28).
         """
         if self.total is None:
             return None
