@@ -49,11 +49,12 @@ for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's ima
   case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
 done
 workers=${WORKERS:-1}  # N > 1: N campaigns side by side, shards of each run (--shard K/N)
+left=$((seconds - SECONDS - grace))  # bash's SECONDS: this script's time so far (the query above)
 pids=()
 for ((k = 0; k < workers; k++)); do
   shard=()
   if [ "$workers" -gt 1 ]; then shard=(--shard "$k/$workers"); fi
-  timeout -s TERM -k "$((grace * 3 / 4))" "$((seconds - grace))" "$python" -m leakagelib campaign \
+  timeout -s TERM -k "$((grace * 3 / 4))" "$((left > 1 ? left : 1))" "$python" -m leakagelib campaign \
     --scale "${SCALE:-paper}" --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet \
     "${data[@]}" "${changes[@]}" "${shard[@]}" --only "$@" &
   pids+=($!)
