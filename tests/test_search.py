@@ -39,6 +39,17 @@ def _scores(found) -> list[tuple[str, str, float]]:
     return [(r["stage"], r["attack"], r["psnr"]) for r in found.rows]
 
 
+def _same_search(found, whole) -> None:
+    """The same candidates scored alike (to float rounding: programs of other sizes batch the
+    attacks otherwise) and the same settings chosen."""
+    assert [s[:2] for s in _scores(found)] == [s[:2] for s in _scores(whole)]
+    torch.testing.assert_close(
+        torch.tensor([p for *_, p in _scores(found)], dtype=torch.float64),
+        torch.tensor([p for *_, p in _scores(whole)], dtype=torch.float64),
+    )
+    assert found.best == whole.best
+
+
 def test_a_search_split_into_programs_scores_every_candidate_as_the_whole_stage_does():
     problem = _problem()
     whole = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6)
@@ -108,3 +119,59 @@ def test_programs_are_sized_for_the_device():
     assert piece_size(torch.device("cuda"), 10, 50) == 5
     with pytest.raises(ValueError, match="at least one attack"):
         piece_size(cpu, 10, 0)
+
+
+def _short_of_memory(monkeypatch, most: int, calls: list[int]) -> None:
+    """``run_together`` as on a GPU that holds programs of at most ``most`` settings."""
+    real = search_module.run_together
+
+    def run(**options):
+        calls.append(len(options["settings"]))
+        if calls[-1] > most:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(**options)
+
+    monkeypatch.setattr(search_module, "run_together", run)
+
+
+def test_a_program_out_of_gpu_memory_runs_again_in_halves_with_the_same_scores(monkeypatch):
+    problem = _problem()
+    whole = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6)
+    calls: list[int] = []
+    _short_of_memory(monkeypatch, 3, calls)
+    with pytest.warns(RuntimeWarning, match="ran out of GPU memory; the search goes on"):
+        halved = search(**problem, generator=torch.Generator().manual_seed(5),
+                        program_attacks=10**6)  # fmt: skip
+    assert calls[0] > 3 and max(calls[1:]) <= calls[0] // 2, calls  # halved, and it stayed so
+    _same_search(halved, whole)
+
+
+def test_a_single_candidate_out_of_gpu_memory_is_an_error(monkeypatch):
+    _short_of_memory(monkeypatch, 0, [])
+    with pytest.raises(torch.cuda.OutOfMemoryError), pytest.warns(RuntimeWarning):
+        search(**_problem(), program_attacks=10**6)
+
+
+def test_a_halved_search_resumes_with_its_programs_sizes(tmp_path, monkeypatch):
+    """Killed after programs of several sizes were saved, the search replays them as they were
+    and runs the rest at its own size."""
+    problem = _problem()
+    whole = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6)
+    calls: list[int] = []
+    _short_of_memory(monkeypatch, 3, calls)
+    path = tmp_path / "search.pt"
+    killed = search_module.run_together
+
+    def dies_at_five(**options):
+        if len(calls) == 5:
+            raise Killed
+        return killed(**options)
+
+    monkeypatch.setattr(search_module, "run_together", dies_at_five)
+    with pytest.raises(Killed), pytest.warns(RuntimeWarning):
+        search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6,
+               checkpoint=LoopCheckpoint(path, every_s=0.0))  # fmt: skip
+    monkeypatch.undo()
+    resumed = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6,
+                     checkpoint=LoopCheckpoint(path))  # fmt: skip
+    _same_search(resumed, whole)

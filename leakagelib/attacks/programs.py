@@ -8,7 +8,10 @@ attacks and the Bayes attack on ten victims, so its grid stage is
 lent H200 runs it in a minute or two; on this project's 24 GiB CPU machine it
 was killed for memory (2026-11-28). :class:`Programs` therefore splits a stage
 into pieces of at most :data:`CPU_PROGRAM_ATTACKS` attacks on a CPU (the whole
-stage on a GPU). Every piece starts from the generator's state at the start of
+stage on a GPU, halved each time a piece runs out of its memory: a CIFAR-10
+unit's grid stage had run out of an H100's 79 GiB before the allocator's
+segments were made growable, and a 16 GB Colab GPU holds far less). Every
+piece starts from the generator's state at the start of
 the stage, so it draws the same starting iterates as the whole stage would:
 the candidates of a stage share them (common random numbers), and the loop
 draws them, and its ball samples, for one candidate and repeats them.
@@ -24,6 +27,7 @@ pieces, and one killed and resumed, gives the whole stage's scores.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -84,18 +88,45 @@ class Programs:
         return self.checkpoint if self.checkpoint is not None else nullcontext()
 
     def stage(self, candidates: Sequence[Any]) -> np.ndarray:
-        """Every candidate's score, the stage split into programs that start alike."""
-        step = self.size or max(1, len(candidates))
-        start = self.gen.get_state()
-        scores = []
-        for lo in range(0, len(candidates), step):
+        """Every candidate's score, the stage split into programs that start alike.
+
+        A program that runs out of GPU memory is run again as two of half its size, and so
+        are the search's later programs (the scores do not depend on the split, so nothing
+        else changes): a GPU smaller than the lent ones runs the search too. A program
+        replayed from the checkpoint keeps the size it was run at.
+        """
+        start, scores, lo = self.gen.get_state(), [], 0
+        while lo < len(candidates):
+            step = self._step(len(candidates))
             self.gen.set_state(start)
-            scores.append(self._program(candidates[lo : lo + step]))
+            try:
+                scores.append(self._program(candidates[lo : lo + step]))
+            except torch.cuda.OutOfMemoryError:
+                if step == 1:
+                    raise
+                self.size = step // 2
+            else:
+                lo += step
+                continue
+            torch.cuda.empty_cache()  # the failed program's blocks, freed by now
+            warnings.warn(
+                f"a program of {step} candidates ran out of GPU memory; the search goes on in "
+                f"programs of {self.size}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return np.concatenate(scores)
+
+    def _step(self, total: int) -> int:
+        """Candidates in the next program: a replayed program's, else ``size`` or the stage's
+        ``total`` if smaller (or without a size)."""
+        if self.count < len(self.done):
+            return len(self.done[self.count][0])
+        return max(1, min(self.size or total, total))
 
     def _program(self, candidates: Sequence[Any]) -> np.ndarray:
         """One program's scores: replayed from the checkpoint, or run and saved."""
-        index, self.count = self.count, self.count + 1
+        index = self.count
         if index < len(self.done):
             scores, rng = self.done[index]
             if len(scores) != len(candidates):
@@ -104,9 +135,11 @@ class Programs:
                     f"search has {len(candidates)} there; delete {self.checkpoint.path} to search afresh"
                 )
             self.gen.set_state(rng)
+            self.count += 1
             return scores.numpy()
         scores = np.asarray(self.run(candidates), dtype=np.float64)
         self.done.append((torch.from_numpy(scores.copy()), self.gen.get_state()))
+        self.count += 1
         if self.checkpoint is not None:
             self.checkpoint.tick(index, self._state)
         return scores
