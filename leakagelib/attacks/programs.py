@@ -92,8 +92,9 @@ class Programs:
 
         A program that runs out of GPU memory is run again as two of half its size, and so
         are the search's later programs (the scores do not depend on the split, so nothing
-        else changes): a GPU smaller than the lent ones runs the search too. A program
-        replayed from the checkpoint keeps the size it was run at.
+        else changes), for GPUs smaller than the lent ones (simulated in the tests; no such
+        GPU has run it yet). A program replayed from the checkpoint keeps the size it was
+        run at.
         """
         start, scores, lo = self.gen.get_state(), [], 0
         while lo < len(candidates):
