@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["CLAIM_SEEDS", "PairedGap", "mean_interval", "paired_interval"]
+__all__ = ["CLAIM_SEEDS", "CLAIM_SEEDS_TEXT", "PairedGap", "mean_interval", "paired_interval"]
 
 #: The seeds besides the book's ``SEED = 0`` on which the tests check the chapters' claims
 #: again, so that each claim holds on three seeds: ``tests/test_chapter_seeds.py`` runs whole
@@ -26,6 +26,8 @@ __all__ = ["CLAIM_SEEDS", "PairedGap", "mean_interval", "paired_interval"]
 #: claims that live in :mod:`.bayes_claims` and :mod:`.cvb_claims`. The chapters glue them
 #: where their prose says so.
 CLAIM_SEEDS: tuple[int, ...] = (1, 2)
+#: :data:`CLAIM_SEEDS` as the chapters' prose reads them ("1 and 2"), glued as ``claim_seeds``.
+CLAIM_SEEDS_TEXT = " and ".join(map(str, CLAIM_SEEDS))
 
 
 @dataclass(frozen=True)
