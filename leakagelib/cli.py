@@ -151,7 +151,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _plan_line(
-    exp_id: str, out: Path, args: argparse.Namespace, estimator: Estimator
+    exp_id: str, out: Path, args: argparse.Namespace, estimator: Estimator | None
 ) -> tuple[str, str, float | None]:
     """``(status, line, seconds)`` of one campaign entry: done, partial or to run, with its ETA.
 
@@ -161,8 +161,9 @@ def _plan_line(
     this kind of device; otherwise (a GPU's partial record resumed on a CPU),
     and for an experiment not started yet, it is the estimate of the declared
     work (of the units left) at step times probed on this device
-    (:mod:`leakagelib.experiments.estimate`); ``seconds`` is ``None`` when
-    there is no ETA.
+    (:mod:`leakagelib.experiments.estimate`), unless ``estimator`` is ``None``
+    (``--no-estimate``: a lent GPU's short call spends no time probing);
+    ``seconds`` is ``None`` when there is no ETA.
     """
     from . import experiments
     from .experiments.estimate import format_duration
@@ -189,6 +190,8 @@ def _plan_line(
         if eta is not None:
             pace = "so far" if len(partial.devices()) == 1 else f"of its units on {args.device}"
             return "partial", head + f"about {format_duration(eta)} left at the pace {pace}", eta
+        if estimator is None:
+            return "partial", head + "time left not estimated (--no-estimate)", None
         found = estimator.of(experiments.get(exp_id), args.scale, data)
         if found is None or not partial.total:
             return "partial", head + "time left unknown", None
@@ -196,6 +199,8 @@ def _plan_line(
         ran = ", ".join(sorted(str(d) for d in partial.devices()))
         line = head + f"about {format_duration(eta)} left (estimate here; they ran on {ran})"
         return "partial", line, eta
+    if estimator is None:
+        return "to run", f"{exp_id:28s} to run (not estimated: --no-estimate)", None
     found = estimator.of(experiments.get(exp_id), args.scale, data)
     if found is None:
         return "to run", f"{exp_id:28s} to run (no estimate: it declares no work)", None
@@ -220,7 +225,8 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     will be resumed (with the time their unfinished units will take at the
     pace measured so far, on this machine), and which will run, with an
     estimate of their time on this device (probed, see
-    :mod:`leakagelib.experiments.estimate`), then the total.
+    :mod:`leakagelib.experiments.estimate`; not with ``--no-estimate``), then
+    the total.
     """
     from . import experiments
     from .experiments.estimate import Estimator, format_duration
@@ -231,7 +237,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     data = campaign_data(ids, args.data or [])
     sets = campaign_changes(ids, args.scale, args.set or [])
     check_device(args.device)
-    estimator = Estimator(args.device)
+    estimator = None if args.no_estimate else Estimator(args.device)
     plan, seconds = [], []
     for exp_id in ids:
         out = check_out(str(Path(args.results) / record_filename(exp_id)), "--results")
@@ -244,7 +250,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     unknown = len(seconds) - len(known)
     print(f"total left: about {format_duration(sum(known))}"
           + (f" and {unknown} without an estimate" if unknown else ""), flush=True)  # fmt: skip
-    if estimator.probed:
+    if estimator is not None and estimator.probed:
         print(f"(estimates: each experiment's declared work × step times probed now on "
               f"{args.device}; L-BFGS and early-stopped training counted at their maximum)")  # fmt: skip
     for exp_id, out, status in plan:
@@ -333,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     camp.add_argument(
         "--results", default="results", help="folder of the records (default: results)"
+    )
+    camp.add_argument(
+        "--no-estimate",
+        action="store_true",
+        help="plan without probing step times (a partial record's pace is still shown)",
     )
     camp.set_defaults(fn=_cmd_campaign)
     return parser

@@ -127,3 +127,19 @@ def test_a_campaign_hands_each_experiment_the_settings_it_has(tiny, tmp_path, ca
     placement = read_record(results / record_filename(IDS[1]))
     assert placement["settings_changed"]["positions"]["used"] == [3]
     assert "settings_changed" not in read_record(results / record_filename(IDS[0]))
+
+
+def test_a_campaign_without_estimates_probes_nothing(tiny, tmp_path, capsys, monkeypatch):
+    """``--no-estimate`` (a lent GPU's short call): the plan names what will run without
+    probing a step, and the runs are as with estimates."""
+
+    def no_probe(*_args, **_kwargs):
+        raise AssertionError("probed despite --no-estimate")
+
+    monkeypatch.setattr(estimate, "step_seconds", no_probe)
+    args = ["campaign", "--only", *IDS, "--quiet", "--results", str(tmp_path), "--no-estimate"]
+    assert main(args) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert all("to run (not estimated: --no-estimate)" in line for line in plan[:2]), plan
+    assert plan[2] == "total left: about 0 s and 2 without an estimate"
+    assert (tmp_path / record_filename(IDS[1])).exists()

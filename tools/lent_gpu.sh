@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Paper-scale experiments on a lent GPU in one device command, resumably.
 #
-# Runs `python -m leakagelib campaign` for the given experiments under `timeout`, so that the
+# Runs `python -m leakagelib campaign --no-estimate` (the device's minutes go to the units, not
+# to probing step times) for the given experiments under `timeout`, so that the
 # command ends before the device's per-command limit: a unit's attack under way saves its
 # checkpoint at the end of its step when the SIGTERM comes (leakagelib/attacks/checkpoint.py;
 # a search saves at the end of its running program, which on a GPU is a whole stage).
@@ -56,6 +57,7 @@ for ((k = 0; k < workers; k++)); do
   if [ "$workers" -gt 1 ]; then shard=(--shard "$k/$workers"); fi
   timeout -s TERM -k "$((grace * 3 / 4))" "$((left > 1 ? left : 1))" "$python" -m leakagelib campaign \
     --scale "${SCALE:-paper}" --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet \
+    --no-estimate \
     "${data[@]}" "${changes[@]}" "${shard[@]}" --only "$@" &
   pids+=($!)
 done
