@@ -282,7 +282,7 @@ def test_shards_side_by_side_lose_no_unit_of_their_shared_partial_record(tmp_pat
             [*run, str(split), "--resume", "--shard", f"{k}/3"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-        )  # fmt: skip
+        )
         for k in range(3)
     ]
     outs = [proc.communicate(timeout=120) for proc in procs]

@@ -102,14 +102,14 @@ class Programs:
             self.gen.set_state(start)
             try:
                 scores.append(self._program(candidates[lo : lo + step]))
+                lo += step
+                continue
             except torch.cuda.OutOfMemoryError:
                 if step == 1:
                     raise
-                self.size = step // 2
-            else:
-                lo += step
-                continue
-            torch.cuda.empty_cache()  # the failed program's blocks, freed by now
+            # out of the handler, whose traceback held the failed program's tensors
+            self.size = step // 2
+            torch.cuda.empty_cache()
             warnings.warn(
                 f"a program of {step} candidates ran out of GPU memory; the search goes on in "
                 f"programs of {self.size}",
