@@ -14,6 +14,10 @@ with an estimate of each unfinished experiment's time on this device
 (:mod:`leakagelib.experiments.estimate`). ``--shard K/N`` (with ``--resume``
 for ``reproduce``) makes the process one of N started side by side that share
 the run's units and its partial record; the last to finish writes the record.
+``--units TEXT`` (with ``--resume`` for ``reproduce``, one ``--only`` experiment
+for ``campaign``) runs only the units whose key contains TEXT (the CPU-sized
+ones here, the rest on a GPU), adding them to the partial record; the run that
+finds every unit there writes the record.
 """
 
 from __future__ import annotations
@@ -106,14 +110,15 @@ def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], cha
         identity["data_sha256"] = data_digests(overrides)
     if changes:  # an older partial record, made without changes, keeps its identity
         identity["changes"] = changes
-    return PartialRecord(path, identity, resume=args.resume, shard=args.shard)
+    return PartialRecord(path, identity, resume=args.resume, shard=args.shard,
+                         select=args.units)  # fmt: skip
 
 
 def run_to_record(args: argparse.Namespace, out: Path) -> Path | None:
     """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign);
     ``None`` when this process is a shard that finished before the others."""
     from . import experiments
-    from .experiments.resume import ShardDone
+    from .experiments.resume import ShareDone
 
     overrides, changes = _checked_overrides(args), _checked_changes(args)
     partial = _partial(args, out, overrides, changes)
@@ -129,7 +134,7 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path | None:
             partial=partial,
             changes=changes,
         )
-    except ShardDone as done:
+    except ShareDone as done:
         print(f"{args.id}: {done}")
         return None
     print(format_table(record["rows"]))
@@ -143,6 +148,8 @@ def run_to_record(args: argparse.Namespace, out: Path) -> Path | None:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     if args.shard is not None and not args.resume:
         raise UsageError("--shard needs --resume: the shards share one partial record")
+    if args.units is not None and not args.resume:
+        raise UsageError("--units needs --resume: the other units join its partial record later")
     default = record_filename(args.id).replace(".json", f".{args.scale}.json")
     out = check_out(default if args.out is None else args.out)
     _checked_overrides(args)
@@ -232,6 +239,8 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     from .experiments.estimate import Estimator, format_duration
 
     ids = args.only or experiments.available()
+    if args.units is not None and len(ids) != 1:
+        raise UsageError("--units names units of one experiment: give it with --only ID")
     for exp_id in ids:
         experiments.get(exp_id)
     data = campaign_data(ids, args.data or [])
@@ -290,6 +299,8 @@ def _run_options() -> argparse.ArgumentParser:
         help="run the units at positions K, K+N, ... of a run split over N processes started "
         "side by side, sharing its partial record (e.g. 0/8 ... 7/8 on one GPU)",
     )
+    common.add_argument("--units", metavar="TEXT", help="run only the units whose key contains "
+                        "TEXT, e.g. soteria, leaving the others to another run")  # fmt: skip
     return common
 
 

@@ -41,6 +41,7 @@ def _run(
     grace: int = 60,
     python: str = sys.executable,
     workers: int = 1,
+    units: str = "",
 ) -> tuple[subprocess.CompletedProcess, Path, Path]:
     """The script at ci scale on the CPU from ``root``, with results and ``$OUT`` of its own."""
     out, results = root / f"out-{seconds}", root / f"results-{seconds}"
@@ -54,6 +55,7 @@ def _run(
         "OUT": str(out),
         "GRACE": str(grace),
         "WORKERS": str(workers),
+        "UNITS": units,
     }
     done = subprocess.run(
         ["bash", str(SCRIPT), str(seconds), *ids],
@@ -124,3 +126,15 @@ def test_workers_run_the_units_as_shards_and_the_last_writes_the_record(tmp_path
     record = json.loads((out / "bayes-fig7-mc-samples.json").read_text(encoding="utf-8"))
     assert len(record["provenance"]["units"]) == 3 and record["provenance"]["resumed"]
     assert sorted(p.name for p in out.iterdir()) == ["bayes-fig7-mc-samples.json"]
+
+
+def test_units_run_only_the_units_named_and_their_partial_record_comes_back(tmp_path: Path) -> None:
+    """UNITS=4: Fig. 7's unit of four Monte-Carlo samples alone (its key holds "4", its others
+    "1" and "16"); no record yet, the partial record with that unit comes back."""
+    _mnist_sample(tmp_path)
+    done, out, _ = _run(tmp_path, 240, "bayes/fig7-mc-samples", units="4")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 of 3 are left to other runs" in done.stdout, done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["bayes-fig7-mc-samples.json.partial"]
+    partial = json.loads((out / "bayes-fig7-mc-samples.json.partial").read_text(encoding="utf-8"))
+    assert list(partial["units"]) == ["4"]

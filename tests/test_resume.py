@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import signal
 import subprocess
@@ -11,9 +12,10 @@ import time
 import pytest
 import torch
 
+from leakagelib import fl
 from leakagelib.cli import main
 from leakagelib.experiments import registry
-from leakagelib.experiments.resume import PartialRecord, data_digests, unit_seed
+from leakagelib.experiments.resume import PartialRecord, data_digests, kept_run, unit_seed
 from leakagelib.records import IMPORTED_COMMIT, read_record
 
 UNITS = ("a", "b", "c", "d")
@@ -237,7 +239,7 @@ def test_a_run_split_into_shards_gives_the_record_of_an_unsplit_one(toy, tmp_pat
     first = ["reproduce", "test/toy", "--quiet", "--out", str(split), "--resume", "--shard", "0/2"]
     assert main(first) == 0
     assert calls == ["a", "c"] and not split.exists()
-    assert "shard 0/2 has run its units; 2 of 4 are the other shards'" in capsys.readouterr().out
+    assert "shard 0/2 has run its units; 2 of 4 are left to other runs" in capsys.readouterr().out
     calls.clear()
     rest = ["campaign", "--only", "test/toy", "--quiet", "--results", str(split.parent)]
     assert main([*rest, "--shard", "1/2"]) == 0
@@ -252,6 +254,35 @@ def test_a_run_split_into_shards_gives_the_record_of_an_unsplit_one(toy, tmp_pat
         main([*first[:-1], "4/2"])
     assert exited.value.code == 2
     assert "is not K/N with 0 <= K < N" in capsys.readouterr().err
+
+
+def test_a_run_of_some_units_leaves_the_others_to_a_later_run(toy, tmp_path, capsys):
+    """``--units b`` runs unit b alone and stops without a record (as the CPU runs Fig. 2's
+    Soteria units and leaves the ATS ones to a GPU), and so does a campaign of one experiment;
+    ``--units`` matching no key fails before any unit runs; the run that finds every unit
+    writes the record of an unsplit run."""
+    calls, _ = toy
+    whole, split = tmp_path / "whole.json", tmp_path / "test-toy.json"  # the campaign's name
+    assert main(["reproduce", "test/toy", "--quiet", "--out", str(whole)]) == 0
+    calls.clear()
+    run = ["reproduce", "test/toy", "--quiet", "--out", str(split), "--resume"]
+    assert main([*run, "--units", "b"]) == 0
+    assert calls == ["b"] and not split.exists()
+    assert "this run has run its units; 3 of 4 are left to other runs" in capsys.readouterr().out
+    assert main([*run, "--units", "z"]) == 2
+    assert "--units 'z' is in none of the 4 units' keys" in capsys.readouterr().err
+    assert main([*run[:-1], "--units", "b"]) == 2
+    assert "--units needs --resume" in capsys.readouterr().err
+    assert calls == ["b"], "no unit ran on bad input"
+    campaign = ["campaign", "--quiet", "--no-estimate", "--results", str(tmp_path), "--units", "c"]
+    assert main(campaign) == 2
+    assert "--units names units of one experiment" in capsys.readouterr().err
+    assert main([*campaign, "--only", "test/toy"]) == 0
+    assert calls == ["b", "c"], "the campaign ran unit c alone"
+    assert main(run) == 0
+    assert calls == ["b", "c", "a", "d"]
+    assert read_record(split)["rows"] == read_record(whole)["rows"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test-toy.json", "whole.json"]
 
 
 SHARD_RUN = """
@@ -291,3 +322,37 @@ def test_shards_side_by_side_lose_no_unit_of_their_shared_partial_record(tmp_pat
     units = read_record(split)["provenance"]["units"]
     assert sorted(u["unit"] for u in units) == list(range(12))
     assert not (tmp_path / "split.json.partial").exists()
+
+
+def test_a_training_kept_for_a_run_is_read_back_until_its_last_unit(tmp_path):
+    """Fig. 2's ConvBig trains once per run: a resumed process reads the network, its losses and
+    snapshots back (no training), another training's file is refused, and the file goes with
+    the run's last unit."""
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
+    x, y = torch.randn(8, 1, 1, 3), torch.tensor([0, 1] * 4)
+    trainings: list[int] = []
+
+    def run():
+        trainings.append(1)
+        return fl.train(start, x, y, steps=4, batch_size=2, snapshot_steps=(0, 2, 4))
+
+    def kept(partial, parts=(4,)):
+        return kept_run(partial.kept("net"), copy.deepcopy(start), run, parts=parts,
+                        data={"x": x, **start.state_dict()})  # fmt: skip
+
+    path = tmp_path / "r.json.partial"
+    first = kept(PartialRecord(path, {"experiment": "x"}, resume=True))
+    again = kept(PartialRecord(path, {"experiment": "x"}, resume=True))
+    assert trainings == [1], "the second process read the training back"
+    assert again.losses == first.losses and set(again.snapshots) == {0, 2, 4}
+    for step, state in first.snapshots.items():
+        assert all(torch.equal(state[k], again.snapshots[step][k]) for k in state)
+    assert torch.equal(again.model[1].weight, first.model[1].weight)
+    with pytest.raises(ValueError, match="checkpoint of another"):
+        kept(PartialRecord(path, {"experiment": "x"}, resume=True), parts=(5,))
+    partial = PartialRecord(path, {"experiment": "x"}, resume=True)
+    partial.add("a", [{"v": 1}], 1.0, 2)
+    assert (tmp_path / "r.json.partial.attacks" / "net.pt").exists(), "kept while units are left"
+    partial.add("b", [{"v": 2}], 1.0, 2)
+    assert not (tmp_path / "r.json.partial.attacks").exists()

@@ -21,6 +21,9 @@
 # WORKERS=N runs N campaigns side by side as shards of each run (`--shard K/N`: a GPU that one
 # process of small networks leaves nearly idle runs N units at a time; the last shard to finish
 # writes the record), e.g. WORKERS=8 tools/lent_gpu.sh 580 bayes/fig2-training.
+# UNITS=TEXT runs only the units whose key contains TEXT (`--units`, one experiment), e.g.
+# UNITS=ats for Fig. 2's ATS units while this CPU makes its Soteria ones; stop the CPU's run
+# before the call and resume it after the partial record has come back.
 # SCALE, DEVICE, RESULTS, PYTHON and GRACE (default paper, cuda, results, python3, 60) allow a smoke
 # test elsewhere:
 #   SCALE=ci DEVICE=cpu RESULTS=/tmp/smoke PYTHON=.venv/bin/python OUT=/tmp/o tools/lent_gpu.sh 600 ID
@@ -49,6 +52,8 @@ changes=()
 for id in "$@"; do  # client 0 of ten holds only 36 of the CIFAR-10 sample's images
   case $id in cvb/*) changes=(--set "victims_at={'cifar10': 32}") ;; esac
 done
+units=()
+if [ -n "${UNITS:-}" ]; then units=(--units "$UNITS"); fi
 workers=${WORKERS:-1}  # N > 1: N campaigns side by side, shards of each run (--shard K/N)
 left=$((seconds - SECONDS - grace))  # bash's SECONDS: this script's time so far (the query above)
 pids=()
@@ -58,7 +63,7 @@ for ((k = 0; k < workers; k++)); do
   timeout -s TERM -k "$((grace * 3 / 4))" "$((left > 1 ? left : 1))" "$python" -m leakagelib campaign \
     --scale "${SCALE:-paper}" --device "${DEVICE:-cuda}" --results "${RESULTS:-results}" --quiet \
     --no-estimate \
-    "${data[@]}" "${changes[@]}" "${shard[@]}" --only "$@" &
+    "${data[@]}" "${changes[@]}" "${shard[@]}" "${units[@]}" --only "$@" &
   pids+=($!)
 done
 status=0  # the first worker's failure (124: cut by the timeout), else 0

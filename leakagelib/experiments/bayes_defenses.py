@@ -75,6 +75,7 @@ FIG2 = ScaleConfig(
         "fig3_victims": 3,
         "fig6_steps": (10, 50),
         "soteria_epochs": (0, 1),
+        "epoch_images": None,
         "ats_policies": ("7-4-15",),
         "ats_victims": 1,
         "ats_width": 8,
@@ -90,6 +91,7 @@ FIG2 = ScaleConfig(
         "fig3_victims": 40,
         "fig6_steps": (5, 10, 20, 50),
         "soteria_epochs": (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+        "epoch_images": 50_000,
         "ats_policies": ("7-4-15", "21-13-3", "21-13-3+7-4-15"),
         "ats_victims": 10,
         "ats_width": 64,
@@ -109,8 +111,12 @@ FIG2 = ScaleConfig(
         "soteria_victims); ci: ours",
         "fig6_steps": "A.2, Fig. 6 (a)–(d): reconstructions after 5, 10, 20 and 50 training steps "
         "with ATS 7-4-15; ci: the ci steps after 0",
-        "soteria_epochs": "§6, Fig. 2: Soteria 'for the first 10 epochs' (each epoch: the training "
-        "split in batches of 32), here after each epoch; ci: one epoch",
+        "soteria_epochs": "§6, Fig. 2: Soteria 'for the first 10 epochs' (each epoch: "
+        "epoch_images in batches of 32), here after each epoch; ci: one epoch",
+        "epoch_images": "the images in an epoch: CIFAR-10's training split (Krizhevsky 2009: "
+        "50,000), so that ten epochs are the paper's 15,620 steps whatever stands for the data "
+        "(the shared 500-image sample's training split cycles, as it does for ATS's 1,000 "
+        "steps); ci: None, the stand-in's own training split",
         "ats_policies": "A.2: '7-4-15', '21-13-3', '21-13-3+7-4-15'",
         "ats_victims": "ours (10 CIFAR-10 images per defense)",
         "ats_width": "A.2, Table 4: ConvNet of width 64",
@@ -149,7 +155,8 @@ def fig2_training(ctx: Context) -> dict:
     ``("ats 7-4-15", 10)``, ...; Soteria's ``("soteria", 10)``, ... (each
     network is trained once per run, when its first unit needs it). Rows:
     ``defense`` ("ats 7-4-15", ..., "soteria", "soteria (direct attack)"),
-    ``step``, ``epoch`` (training images seen over the training split's size),
+    ``step``, ``epoch`` (the step over :func:`steps_per_epoch`; set again as
+    the record is assembled, so units made under an earlier epoch length agree),
     ``psnr`` (mean dB), ``psnr_std``, ``psnr_per_image``. Extra entries:
     ``figure3``, per defense, the originals and reconstructions after
     ``fig3_step`` steps (Fig. 3: ``fig3_victims`` images, attacked at that step
@@ -178,7 +185,7 @@ def fig2_training(ctx: Context) -> dict:
     note = stand_in_note(ctx)
     extras = ("figure3", "figure6")
     return {
-        "rows": [{k: v for k, v in r.items() if k not in extras} for r in rows],
+        "rows": [_with_epoch(ctx, {k: v for k, v in r.items() if k not in extras}) for r in rows],
         "figure3": {r["defense"]: r["figure3"] for r in rows if "figure3" in r},
         "figure6": [{"step": r["step"], **r["figure6"]} for r in rows if "figure6" in r],
         "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
@@ -189,7 +196,7 @@ def soteria_steps(ctx: Context) -> tuple[int, ...]:
     """The training steps after which Fig. 2 attacks Soteria in a run in ``ctx``.
 
     The steps that end each of the config's ``soteria_epochs`` (see
-    :func:`steps_per_epoch`) and Fig. 3's ``fig3_step``. The split's size is
+    :func:`steps_per_epoch`) and Fig. 3's ``fig3_step``. A split's size is
     read from the data's header, so ``bayes_work`` can estimate the run before
     any data is loaded.
     """
@@ -199,11 +206,20 @@ def soteria_steps(ctx: Context) -> tuple[int, ...]:
 
 
 def steps_per_epoch(ctx: Context, stand_in: str | None = None) -> int:
-    """Training steps in one epoch of Fig. 2's networks: the training split of what stands for
-    CIFAR-10 (``stand_in`` as in :meth:`Context.resolve`) in whole batches of
+    """Training steps in one epoch of Fig. 2's networks: the config's ``epoch_images`` (the
+    paper's CIFAR-10 training split) or, where that is ``None``, the training split of what
+    stands for CIFAR-10 (``stand_in`` as in :meth:`Context.resolve`), in whole batches of
     :data:`~.bayes_soteria.TRAIN_BATCH` (:func:`leakagelib.fl.train` reshuffles after the last
     whole batch)."""
-    return max(1, split_size(ctx, "cifar10", "train", stand_in) // TRAIN_BATCH)
+    images = ctx.config.epoch_images or split_size(ctx, "cifar10", "train", stand_in)
+    return max(1, images // TRAIN_BATCH)
+
+
+def _with_epoch(ctx: Context, row: dict[str, Any]) -> dict[str, Any]:
+    """A Fig. 2 row with its ``epoch``: the step over the epoch length of the data its network
+    trained on (ATS: what stands for CIFAR-10; Soteria: its own stand-in at ci)."""
+    stand_in = None if row["defense"].startswith("ats") else SOTERIA_STAND_IN
+    return {**row, "epoch": row["step"] / steps_per_epoch(ctx, stand_in)}
 
 
 def _ats_scenario(ctx: Context, policy: str) -> tuple[TrainResult, Tensor, Tensor, Normalizer]:
@@ -246,8 +262,7 @@ def _ats_row(
     result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)))
     recon = case.reconstructions(result).clamp(0, 1)
     psnr = case.score_images(recon)[: cfg.ats_victims]
-    row = _curve_row(f"ats {policy}", step, psnr, victims, recon, cfg)
-    row["epoch"] = step / steps_per_epoch(ctx)
+    row = _with_epoch(ctx, _curve_row(f"ats {policy}", step, psnr, victims, recon, cfg))
     if policy == cfg.ats_policies[0] and step in cfg.fig6_steps:
         row["figure6"] = _pictures(victims[: cfg.ats_victims], recon[: cfg.ats_victims])
     return row
@@ -280,8 +295,7 @@ def _soteria_rows(
         recon = case.reconstructions(result, name).clamp(0, 1)
         shown = images if name == "soteria" else None  # Fig. 3 shows the layer-drop attack
         psnr = case.score_images(recon)[: cfg.soteria_victims]
-        row = _curve_row(name, step, psnr, shown, recon, cfg)
-        rows.append({**row, "epoch": step / steps_per_epoch(ctx, SOTERIA_STAND_IN)})
+        rows.append(_with_epoch(ctx, _curve_row(name, step, psnr, shown, recon, cfg)))
     return rows
 
 

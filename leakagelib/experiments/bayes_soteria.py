@@ -56,6 +56,7 @@ from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
+from .resume import kept_run
 
 __all__ = [
     "DIRECT",
@@ -176,14 +177,20 @@ def trained_convbig(
     Returns the first ``n`` test images of CIFAR-10 (of :data:`SOTERIA_STAND_IN`
     at ci scale) in [0, 1], their labels, the normaliser and the training
     run: ``max(steps)`` steps of batch size :data:`TRAIN_BATCH` without defense (A.1), with a
-    snapshot of the weights after each of ``steps``.
+    snapshot of the weights after each of ``steps``. A command-line run keeps the training
+    beside its partial record (:func:`.resume.kept_run`), so a resumed Fig. 2 does not train
+    its 15,620 steps again.
     """
     images, labels, norm = _soteria_data(ctx, n, "test")
     train_x, train_y, _ = _soteria_data(ctx, None, "train")
     net = convbig(tuple(images.shape[1:]), ctx.config.hidden, seed=ctx.seed).to(ctx.device)
-    trained = train(
-        net, norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device), steps=max(steps),
-        batch_size=TRAIN_BATCH, snapshot_steps=steps, seed=ctx.seed,
+    inputs, targets = norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device)
+    trained = kept_run(
+        None if ctx.partial is None else ctx.partial.kept("convbig"), net,
+        lambda: train(net, inputs, targets, steps=max(steps), batch_size=TRAIN_BATCH,
+                      snapshot_steps=steps, seed=ctx.seed),
+        parts=[ctx.config.hidden, TRAIN_BATCH, sorted(steps), ctx.seed],
+        data={"x": inputs, "y": targets.double(), **net.state_dict()},
     )  # fmt: skip
     return images, labels, norm, trained
 

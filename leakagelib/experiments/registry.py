@@ -209,17 +209,18 @@ class Context:
         run's seed and its key, so its rows do not depend on the units before
         it; with a partial record (a command-line run) finished units are read
         back instead of recomputed, and every new one is saved as it finishes.
-        The progress bar counts the finished units as done and shows an ETA
-        from the pace of the units computed in this run. An attack in a unit
+        The progress bar counts the finished units as done (and, in a shard or
+        a ``--units`` run, only this run's share as left) and shows an ETA from
+        the pace of the units computed in this run. An attack in a unit
         may save its loop as it goes (:meth:`checkpoint`).
         """
         keys = list(keys)
         found = {unit_key(k): self.partial.get(k) for k in keys} if self.partial is not None else {}
         done = {k: rows for k, rows in found.items() if rows is not None}
         left = [k for k in keys if unit_key(k) not in done]
-        if self.partial is not None:  # a shard runs its share (--shard)
+        if self.partial is not None:  # a shard's or a --units run's share
             left = self.partial.share(keys, left)
-        for key in self.track(left, desc, total=len(keys), initial=len(keys) - len(left)):
+        for key in self.track(left, desc, total=len(done) + len(left), initial=len(done)):
             torch.manual_seed(unit_seed(self.seed, key))
             start, self.running = time.perf_counter(), (key, [])
             try:
@@ -233,7 +234,7 @@ class Context:
                 seconds = time.perf_counter() - start + earlier
                 self.partial.add(key, rows, seconds, len(keys), made=made)
             done[unit_key(key)] = rows
-        if self.partial is not None:  # the other shards' units, or ShardDone
+        if self.partial is not None:  # the other runs' units, or ShareDone
             done.update(self.partial.others(keys, done))
         return [row for key in keys for row in done[unit_key(key)]]
 

@@ -20,9 +20,16 @@ side, each running the units at positions K, K + N, ... of each
 partial record under a file lock. A lent GPU is nearly idle under one
 process of small networks (the README's Speed section), so N shards run N
 units at a time. A shard that finishes while others still run stops with
-:class:`ShardDone`; the one that finishes last finds every unit and writes
+:class:`ShareDone`; the one that finishes last finds every unit and writes
 the final record. Each unit's rows depend only on its key, so a sharded run
 gives the rows of an unsharded one (a test checks it).
+
+A run may also take only some of its units (``--units TEXT``: those whose
+key, as :func:`unit_key` writes it, contains TEXT), leaving the others for
+another run to add: the CPU-sized units of an experiment here, the rest on
+a lent GPU (``--units soteria`` runs Fig. 2's Soteria curve but not its
+ATS networks). It stops with :class:`ShareDone` once its units are in the
+partial record, as a shard does.
 
 A run's identity names its ``--data`` files by path and by content
 (``data_sha256``), and a resume compares the content: a partial record made
@@ -36,7 +43,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +51,7 @@ from torch import Tensor, nn
 
 from .. import records
 from ..attacks.checkpoint import LoopCheckpoint, fingerprint
+from ..fl import TrainResult
 from ..records import write_json_atomically
 
 try:  # POSIX: the shards of a run share one partial record
@@ -53,9 +61,10 @@ except ImportError:  # pragma: no cover - Windows: --shard is refused there
 
 __all__ = [
     "PartialRecord",
-    "ShardDone",
+    "ShareDone",
     "data_digests",
     "device_kind",
+    "kept_run",
     "kept_training",
     "pending_record",
     "unit_key",
@@ -140,9 +149,39 @@ def kept_training(
     return model
 
 
-class ShardDone(Exception):
-    """A shard has run its units while other shards' are still missing: it stops, and the
-    shard that finishes last writes the record (``--shard``, see the module docstring)."""
+def kept_run(
+    checkpoint: LoopCheckpoint | None,
+    net: nn.Module,
+    train: Callable[[], TrainResult],
+    *,
+    parts: Sequence[Any],
+    data: Mapping[str, Tensor],
+) -> TrainResult:
+    """``train()``'s result (network, losses and snapshots), kept in ``checkpoint`` once it ends.
+
+    As :func:`kept_training`, for a training whose snapshots several units attack (Fig. 2's
+    ConvBig, 15,620 steps: about an hour on this project's CPU): its file
+    (:meth:`PartialRecord.kept`) stays beside the partial record until the run's last unit,
+    so a run resumed in another process reads the network back into ``net`` instead of
+    training it again.
+    """
+    if checkpoint is None:
+        return train()
+    checkpoint.bind(fingerprint(list(parts), data), [])
+    saved = checkpoint.load()
+    if saved is not None:
+        net.load_state_dict(saved["weights"])
+        return TrainResult(model=net.train(), losses=saved["losses"], snapshots=saved["snapshots"])
+    result = train()
+    state = {"weights": result.model.state_dict(), "losses": result.losses}
+    checkpoint.tick(0, lambda: {**state, "snapshots": result.snapshots}, final=True)
+    return result
+
+
+class ShareDone(Exception):
+    """A process has run its share of the units while others are still missing: a shard
+    stops, and the shard that finishes last writes the record (``--shard``); a run of some
+    units stops, and a later run adds the rest (``--units``; see the module docstring)."""
 
 
 @contextmanager
@@ -162,7 +201,8 @@ class PartialRecord:
     ``resume=False`` starts afresh (an old partial file is replaced on the
     first save); ``resume=True`` loads the file if it exists and refuses one
     written by a different run, naming the difference. ``shard = (k, n)``
-    makes this process the k-th of n that share the file (module docstring).
+    makes this process the k-th of n that share the file, and ``select`` has
+    it run only the units whose key contains that text (module docstring).
     """
 
     def __init__(
@@ -172,12 +212,15 @@ class PartialRecord:
         *,
         resume: bool,
         shard: tuple[int, int] | None = None,
+        select: str | None = None,
     ) -> None:
         if shard is not None and not (resume and 0 <= shard[0] < shard[1]):
             raise ValueError(f"shard {shard} must be (k, n) with 0 <= k < n, of a resumed run")
         if shard is not None and fcntl is None:
             raise ValueError("shards need POSIX file locks, which this platform lacks")
-        self.path, self.shard = Path(path), shard
+        if select is not None and not (resume and select):
+            raise ValueError(f"select {select!r} must be non-empty text, of a resumed run")
+        self.path, self.shard, self.select = Path(path), shard, select
         self.identity = dict(identity)
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.seconds: dict[str, float] = {}
@@ -232,6 +275,11 @@ class PartialRecord:
         beside this partial record (``results/ID.json.partial.attacks/``), deleted by :meth:`add`."""
         return LoopCheckpoint(self._attacks_dir() / f"{_unit_digest(key)}-{index}.pt")
 
+    def kept(self, name: str) -> LoopCheckpoint:
+        """The file ``PATH.attacks/NAME.pt`` for what several units share (a network trained once
+        per run, :func:`kept_run`): unlike a unit's checkpoints, it stays until the last unit."""
+        return LoopCheckpoint(self._attacks_dir() / f"{name}.pt")
+
     def _attacks_dir(self) -> Path:
         return self.path.with_name(self.path.name + ".attacks")
 
@@ -253,46 +301,61 @@ class PartialRecord:
         if made is not None:
             self.made[unit_key(key)] = dict(made)
         self.total = int(total)
-        with _locked(self.path) if self.shard is not None else nullcontext():
+        with self._guard():
             self._merge()
             saved = {"identity": self.identity, "total": self.total, "seconds": self.seconds}
             write_json_atomically({**saved, "made": self.made, "units": self.units}, self.path)
         folder = self._attacks_dir()  # the unit's attack checkpoints are no longer needed
         for path in folder.glob(f"{_unit_digest(key)}-*.pt"):
             path.unlink()
-        # the folder goes with the last unit (a shard may be about to save into it)
-        if len(self.units) >= self.total and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        # the folder goes with the last unit (a shard may be about to save into it), and with
+        # it what the units shared (kept)
+        if len(self.units) >= self.total and folder.is_dir():
+            for path in folder.glob("*.pt"):
+                path.unlink()
+            if not any(folder.iterdir()):
+                folder.rmdir()
 
     def share(self, keys: Sequence[Any], left: Sequence[Any]) -> list[Any]:
         """The units of ``left`` (unfinished, of ``keys``) this process runs: all of them, or
-        those of its shard (positions k, k + n, ... in ``keys``)."""
-        if self.shard is None:
-            return list(left)
-        k, n = self.shard
-        mine = {unit_key(key) for i, key in enumerate(keys) if i % n == k}
+        those of its shard (positions k, k + n, ... in ``keys``) whose key holds ``select``."""
+        mine = {unit_key(key) for i, key in enumerate(keys) if self.shard is None
+                or i % self.shard[1] == self.shard[0]}  # fmt: skip
+        if self.select is not None:
+            mine = {key for key in mine if self.select in key}
+            if not any(self.select in unit_key(key) for key in keys):
+                named = ", ".join(unit_key(key) for key in keys[:3])
+                raise ValueError(
+                    f"--units {self.select!r} is in none of the {len(keys)} units' keys "
+                    f"({named}, ...)"
+                )
         return [key for key in left if unit_key(key) in mine]
 
     def others(self, keys: Sequence[Any], done: Mapping[str, Any]) -> dict[str, list[dict]]:
-        """The rows of the units of ``keys`` not in ``done`` (by :func:`unit_key`), which the
-        other shards ran; raises :class:`ShardDone` while any of them is missing."""
-        if self.shard is None:
+        """The rows of the units of ``keys`` not in ``done`` (by :func:`unit_key`), which other
+        processes ran; raises :class:`ShareDone` while any of them is missing."""
+        if self.shard is None and self.select is None:
             return {}
-        with _locked(self.path):
+        with self._guard():
             self._merge()
         missing = [key for key in keys if unit_key(key) not in done and self.get(key) is None]
         if missing:
-            k, n = self.shard
-            raise ShardDone(
-                f"shard {k}/{n} has run its units; {len(missing)} of {len(keys)} are the other "
-                f"shards' (the last to finish writes the record; {self.path})"
+            who = "this run" if self.shard is None else "shard {}/{}".format(*self.shard)
+            raise ShareDone(
+                f"{who} has run its units; {len(missing)} of {len(keys)} are left to other runs "
+                f"(the one that finds them all writes the record; {self.path})"
             )
         return {unit_key(key): self.get(key) for key in keys if unit_key(key) not in done}
 
+    def _guard(self) -> AbstractContextManager[None]:
+        """The file lock, for a run that shares the file with others (``shard``, ``select``)."""
+        shared = self.shard is not None or self.select is not None
+        return _locked(self.path) if shared and fcntl is not None else nullcontext()
+
     def _merge(self) -> None:
-        """Take in the units the run's other shards have saved in the file (a shard's; under
-        the lock), keeping this process's own."""
-        if self.shard is None or not self.path.exists():
+        """Take in the units other processes have saved in the file (a shard's, under the lock;
+        a run of some units'), keeping this process's own."""
+        if (self.shard is None and self.select is None) or not self.path.exists():
             return
         units, seconds, made, total = self.units, self.seconds, self.made, self.total
         self._load()  # the file's identity is checked against this run's
