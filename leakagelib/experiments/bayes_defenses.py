@@ -166,6 +166,9 @@ def fig2_training(ctx: Context) -> dict:
     iterations only exercise the pipeline. The paper plots Fig. 2 without
     numbers, so there are no reference rows. Data: ``cifar10`` (``patches``
     at ci, ``digits28`` for the Soteria victims: see :mod:`.bayes_soteria`).
+    A command-line run keeps ConvBig's training and each attack's loop as it
+    goes (:meth:`~.registry.Context.checkpoint`), so a unit killed halfway
+    resumes there.
     """
     cfg = ctx.config
     ats, soteria = cache(partial(_ats_scenario, ctx)), cache(partial(trained_convbig, ctx))
@@ -259,7 +262,8 @@ def _ats_row(
     trained.model.load_state_dict(trained.snapshots[step])
     trained.model.eval()  # batch norm with running statistics: each image on its own
     case = build_case(trained.model, victims, labels, norm, device=ctx.device)
-    result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)))
+    result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)),
+                         checkpoint=ctx.checkpoint())  # fmt: skip
     recon = case.reconstructions(result).clamp(0, 1)
     psnr = case.score_images(recon)[: cfg.ats_victims]
     row = _with_epoch(ctx, _curve_row(f"ats {policy}", step, psnr, victims, recon, cfg))
@@ -287,9 +291,8 @@ def _soteria_rows(
     names = ["soteria", "soteria (direct attack)"]
     trained.model.load_state_dict(trained.snapshots[step])
     case = build_case(trained.model, images, labels, norm, defense=defense, device=ctx.device)
-    result = case.attack(
-        [attacks["layer-drop"], attacks["direct"]], names=names, generator=ctx.generator(7)
-    )
+    result = case.attack([attacks["layer-drop"], attacks["direct"]], names=names,
+                         generator=ctx.generator(7), checkpoint=ctx.checkpoint())  # fmt: skip
     rows = []
     for name in names:
         recon = case.reconstructions(result, name).clamp(0, 1)
