@@ -116,7 +116,7 @@ def _partial(args: argparse.Namespace, out: Path, overrides: dict[str, str], cha
 
 def run_to_record(args: argparse.Namespace, out: Path) -> Path | None:
     """Run ``args.id`` resumably and write its record to ``out`` (used by reproduce and campaign);
-    ``None`` when this process is a shard that finished before the others."""
+    ``None`` when this process (a shard, or a ``--units`` run) left units to other runs."""
     from . import experiments
     from .experiments.resume import ShareDone
 
