@@ -137,16 +137,9 @@ def kept_training(
     inputs and ``net``'s initial weights) describe. Used by Figure 4 of the R-GAP paper and
     the Bayes paper's step-500 networks.
     """
-    if checkpoint is None:
-        return train()
-    checkpoint.bind(fingerprint(list(parts), data), [])
-    saved = checkpoint.load()
-    if saved is not None:
-        net.load_state_dict(saved["weights"])
-        return net.eval()
-    model = train()
-    checkpoint.tick(0, lambda: {"weights": model.state_dict()}, final=True)
-    return model
+    kept = kept_run(checkpoint, net, lambda: TrainResult(model=train()), parts=parts, data=data)
+    # a network read back (into ``net``) comes in evaluation mode, as these units take it
+    return net.eval() if kept.model is net else kept.model
 
 
 def kept_run(
@@ -169,9 +162,10 @@ def kept_run(
         return train()
     checkpoint.bind(fingerprint(list(parts), data), [])
     saved = checkpoint.load()
-    if saved is not None:
+    if saved is not None:  # (files of kept_training before 2026-11-29 hold the weights alone)
         net.load_state_dict(saved["weights"])
-        return TrainResult(model=net.train(), losses=saved["losses"], snapshots=saved["snapshots"])
+        losses, snapshots = saved.get("losses", []), saved.get("snapshots", {})
+        return TrainResult(model=net.train(), losses=losses, snapshots=snapshots)
     result = train()
     state = {"weights": result.model.state_dict(), "losses": result.losses}
     checkpoint.tick(0, lambda: {**state, "snapshots": result.snapshots}, final=True)
