@@ -15,7 +15,8 @@ import torch
 from leakagelib import fl
 from leakagelib.cli import main
 from leakagelib.experiments import registry
-from leakagelib.experiments.resume import PartialRecord, data_digests, kept_run, unit_seed
+from leakagelib.experiments.kept import kept_run
+from leakagelib.experiments.resume import PartialRecord, data_digests, unit_seed
 from leakagelib.records import IMPORTED_COMMIT, read_record
 
 UNITS = ("a", "b", "c", "d")

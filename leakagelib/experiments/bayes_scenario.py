@@ -33,9 +33,9 @@ from ..defenses import GaussianNoise, GradientDefense, LaplaceNoise, PruneNoise
 from ..models import build
 from .case import Case
 from .config import ScaleConfig, Settings
+from .kept import kept_training
 from .paired import PairedGap, paired_interval
 from .registry import Context
-from .resume import kept_training
 
 __all__ = [
     "ATTACKS",
@@ -200,7 +200,7 @@ def scenario(
     300 and 3,900 images, where the paper's victims and training come from the
     training sets; the chapter counts the paper's own sampling error for that
     when it sets the records beside the paper (:func:`.bayes_claims.table2_misses`).
-    A command-line run keeps the trained network (:func:`~.resume.kept_training`),
+    A command-line run keeps the trained network (:func:`~.kept.kept_training`),
     so that a unit killed in its attacks resumes them on the same update.
     """
     cfg = ctx.config

@@ -55,8 +55,8 @@ from ..records import image_lists
 from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
+from .kept import kept_run
 from .registry import Context, experiment
-from .resume import kept_run
 
 __all__ = [
     "DIRECT",
@@ -178,7 +178,7 @@ def trained_convbig(
     at ci scale) in [0, 1], their labels, the normaliser and the training
     run: ``max(steps)`` steps of batch size :data:`TRAIN_BATCH` without defense (A.1), with a
     snapshot of the weights after each of ``steps``. A command-line run keeps the training
-    beside its partial record (:func:`.resume.kept_run`), so a resumed Fig. 2 does not train
+    beside its partial record (:func:`.kept.kept_run`), so a resumed Fig. 2 does not train
     its 15,620 steps again.
     """
     images, labels, norm = _soteria_data(ctx, n, "test")

@@ -276,7 +276,7 @@ def fig4_work(ctx: Context) -> list[list[Load]]:
 def precode_work(ctx: Context) -> list[list[Load]]:
     """``bayes/precode-mlp`` (one unit): the PRECODE MLP's training, then the victims' per-image
     gradients."""
-    from .bayes_defenses import precode_network
+    from .bayes_precode import precode_network
     from .bayes_soteria import TRAIN_BATCH
 
     shape = image_shape(ctx, "cifar10")

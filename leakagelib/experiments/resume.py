@@ -42,16 +42,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
-
 from .. import records
-from ..attacks.checkpoint import LoopCheckpoint, fingerprint
-from ..fl import TrainResult
+from ..attacks.checkpoint import LoopCheckpoint
 from ..records import write_json_atomically
 
 try:  # POSIX: the shards of a run share one partial record
@@ -64,8 +61,6 @@ __all__ = [
     "ShareDone",
     "data_digests",
     "device_kind",
-    "kept_run",
-    "kept_training",
     "pending_record",
     "unit_key",
     "unit_seed",
@@ -116,60 +111,6 @@ def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
     if data:
         same["data"] = {name: digests.get(name, spec) for name, spec in data.items()}
     return same
-
-
-def kept_training(
-    checkpoint: LoopCheckpoint | None,
-    net: nn.Module,
-    train: Callable[[], nn.Module],
-    *,
-    parts: Sequence[Any],
-    data: Mapping[str, Tensor],
-) -> nn.Module:
-    """``train()``'s network, its weights kept in ``checkpoint`` once it is trained.
-
-    A unit killed in an attack that follows its training resumes the attack only on the same
-    update: retrained on a GPU, whose convolution and pooling gradients are not deterministic,
-    the network would differ in its last bits and the attack's checkpoint be refused. So a
-    command-line run (``checkpoint`` given, :meth:`~leakagelib.experiments.Context.checkpoint`)
-    saves the weights when training ends and reads them back into ``net`` instead of training
-    again. The file belongs to the training that ``parts`` (its settings) and ``data`` (its
-    inputs and ``net``'s initial weights) describe. Used by Figure 4 of the R-GAP paper and
-    the Bayes paper's step-500 networks.
-    """
-    kept = kept_run(checkpoint, net, lambda: TrainResult(model=train()), parts=parts, data=data)
-    # a network read back (into ``net``) comes in evaluation mode, as these units take it
-    return net.eval() if kept.model is net else kept.model
-
-
-def kept_run(
-    checkpoint: LoopCheckpoint | None,
-    net: nn.Module,
-    train: Callable[[], TrainResult],
-    *,
-    parts: Sequence[Any],
-    data: Mapping[str, Tensor],
-) -> TrainResult:
-    """``train()``'s result (network, losses and snapshots), kept in ``checkpoint`` once it ends.
-
-    As :func:`kept_training`, for a training whose snapshots several units attack (Fig. 2's
-    ConvBig, 15,620 steps: about an hour on this project's CPU): its file
-    (:meth:`PartialRecord.kept`) stays beside the partial record until the run's last unit,
-    so a run resumed in another process reads the network back into ``net`` instead of
-    training it again.
-    """
-    if checkpoint is None:
-        return train()
-    checkpoint.bind(fingerprint(list(parts), data), [])
-    saved = checkpoint.load()
-    if saved is not None:  # (files of kept_training before 2026-11-29 hold the weights alone)
-        net.load_state_dict(saved["weights"])
-        losses, snapshots = saved.get("losses", []), saved.get("snapshots", {})
-        return TrainResult(model=net.train(), losses=losses, snapshots=snapshots)
-    result = train()
-    state = {"weights": result.model.state_dict(), "losses": result.losses}
-    checkpoint.tick(0, lambda: {**state, "snapshots": result.snapshots}, final=True)
-    return result
 
 
 class ShareDone(Exception):
@@ -271,7 +212,7 @@ class PartialRecord:
 
     def kept(self, name: str) -> LoopCheckpoint:
         """The file ``PATH.attacks/NAME.pt`` for what several units share (a network trained once
-        per run, :func:`kept_run`): unlike a unit's checkpoints, it stays until the last unit."""
+        per run, :func:`.kept.kept_run`): unlike a unit's checkpoints, it stays until the last unit."""
         return LoopCheckpoint(self._attacks_dir() / f"{name}.pt")
 
     def _attacks_dir(self) -> Path:

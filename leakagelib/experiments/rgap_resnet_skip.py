@@ -22,8 +22,8 @@ from ..models import build
 from ..rgap import rank_analysis
 from .case import build_case
 from .config import ScaleConfig
+from .kept import kept_training
 from .registry import Context, experiment
-from .resume import kept_training
 from .rgap_common import DATASETS, PICTURES
 from .work import Load, Net, evaluation_load, split_size
 
