@@ -88,3 +88,39 @@ def test_a_reruns_gains_are_read_on_the_same_images_and_only_there():
     assert key == ("mnist", "gaussian", 0, "cosine") and gain.low > 0 and gain.n == 3
     with pytest.raises(ValueError, match="other images"):
         bayes_claims.table2_rerun_gains(record, [row("cosine", [1.0, 2.0, 3.0], 0.1)])
+
+
+def test_fig2_records_sentence_reads_what_the_record_has():
+    """The chapter's sentence on Fig. 2's record, unit by unit as a pending record grows:
+    nothing; ATS alone; Soteria's first step (layer-drop against direct, paired); then the fall
+    to the last step, worded by its sign."""
+
+    def row(defense, step, psnr):
+        return {"defense": defense, "step": step, "psnr": sum(psnr) / len(psnr),
+                "psnr_per_image": psnr}  # fmt: skip
+
+    text = bayes_claims.fig2_record_text
+    assert text([], "", 10) == "No unit of the paper-scale record has been made yet."
+    ats = [row("ats 7-4-15", 1, [33.0, 33.0]), row("ats 7-4-15", 0, [22.0, 22.6])]
+    assert text(ats, " (2 of 45)", 10) == (
+        "In the paper-scale record (2 of 45), Inverting Gradients on ATS 7-4-15 reaches "
+        "22.3 dB before training, 33.0 dB after 1 step."
+    )
+    step0 = [row("soteria", 0, [26.0, 27.0, 25.0]), row("soteria (direct attack)", 0, [12.0] * 3)]
+    once = text(ats + step0, "", 10)
+    assert "on Soteria reaches 26.0 dB after step 0, 14.0 dB more than the direct attack on the " \
+        "same 3 images (95 % interval 11.5 to 16.5 dB)." in once  # fmt: skip
+    later = [
+        row("soteria", 1562, [20.0, 22.0, 21.0]),
+        row("soteria (direct attack)", 1562, [9.0] * 3),
+    ]
+    assert once[:-1] + "; between steps 0 and 1562 the layer-drop attack loses 5.0 dB" in text(
+        ats + step0 + later, "", 10
+    )
+    rise = [
+        row("soteria", 1562, [30.0, 28.0, 29.0]),
+        row("soteria (direct attack)", 1562, [9.0] * 3),
+    ]
+    assert "between steps 0 and 1562 the layer-drop attack gains 3.0 dB" in text(
+        step0 + rise, "", 10
+    )

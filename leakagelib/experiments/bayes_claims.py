@@ -9,7 +9,8 @@ definition of each claim serves both.
 
 :func:`table2_against_paper` and :func:`table5_against_paper` set a
 paper-scale record of Tables 2 and 5 beside the paper's numbers, with
-intervals over its images; :func:`table2_misses` lists where Table 2's
+intervals over its images, and :func:`fig2_record_text` reads Fig. 2's record
+in words; :func:`table2_misses` lists where Table 2's
 record and the paper disagree; :func:`table2_rerun_gains` what a re-run under way
 changes against the record, image by image.
 """
@@ -81,6 +82,41 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
         direct = per["soteria (direct attack)", s]
         gains[f"beats at step {s}"] = paired_interval(per["soteria", s], direct)
     return gains
+
+
+def fig2_record_text(rows: Sequence[dict], note: str, fig3_step: int) -> str:
+    """The chapter's sentence on Fig. 2's paper-scale record (``rows``; ``note`` says how many
+    units a pending one has, as :func:`leakagelib.reporting.results_record` gives it): each ATS
+    policy's mean PSNR after the steps the record has; at Soteria's first step, the layer-drop
+    attack against the direct one (:func:`fig2_gains`, on the same images); and, once there are
+    two Soteria steps, its fall between the first and the last. Numbers read, never typed."""
+    psnr = {(r["defense"], r["step"]): r["psnr"] for r in rows}
+    parts = []
+    for policy in dict.fromkeys(r["defense"] for r in rows if r["defense"].startswith("ats")):
+        when = {s: f"after {s} step{'s' * (s != 1)}" if s else "before training"
+                for d, s in psnr if d == policy}  # fmt: skip
+        points = ", ".join(f"{psnr[policy, s]:.1f} dB {when[s]}" for s in sorted(when))
+        parts.append(f"Inverting Gradients on ATS {policy.removeprefix('ats ')} reaches {points}")
+    steps = sorted(s for d, s in psnr if d == "soteria")
+    gains = fig2_gains(rows, fig3_step) if steps else {}
+    beats = gains.get(f"beats at step {steps[0]}") if steps else None  # up to Fig. 3's step
+    if beats is not None:
+        parts.append(
+            f"the layer-drop attack on Soteria reaches {psnr['soteria', steps[0]]:.1f} dB after "
+            f"step {steps[0]}, {beats.mean:.1f} dB more than the direct attack on the same "
+            f"{beats.n} images (95 % interval {beats.low:.1f} to {beats.high:.1f} dB)"
+        )
+    if len(steps) > 1:
+        falls = gains["falls"]  # first step's PSNR minus the last's
+        verb, sign = ("loses", 1) if falls.mean >= 0 else ("gains", -1)
+        low, high = sorted((sign * falls.low, sign * falls.high))
+        parts.append(
+            f"between steps {steps[0]} and {steps[-1]} the layer-drop attack {verb} "
+            f"{sign * falls.mean:.1f} dB (95 % interval {low:.1f} to {high:.1f} dB)"
+        )
+    if not parts:
+        return "No unit of the paper-scale record has been made yet."
+    return f"In the paper-scale record{note}, " + "; ".join(parts) + "."
 
 
 def table5_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dict[str, dict]:
