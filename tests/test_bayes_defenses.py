@@ -19,7 +19,12 @@ from leakagelib.attacks import Cosine, Gaussian, TotalVariation
 from leakagelib.data import Normalizer
 from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
-from leakagelib.experiments.bayes_defenses import FIG2, soteria_steps, steps_per_epoch
+from leakagelib.experiments.bayes_defenses import (
+    FIG2,
+    record_pictures,
+    soteria_steps,
+    steps_per_epoch,
+)
 from leakagelib.experiments.bayes_soteria import FIG5, soteria_attacks, soteria_case
 from leakagelib.experiments.work import split_size
 from leakagelib.gradients import client_update
@@ -141,6 +146,24 @@ def test_fig2_rows_follow_the_config() -> None:
     assert FIG2.paper["fig6_steps"] == (5, 10, 20, 50) and FIG2.paper["ats_attack_steps"] == 2000
     assert set(FIG2.paper["fig6_steps"]) <= set(FIG2.paper["train_steps"])
     assert FIG2.paper["fig3_victims"] == 40  # "the first 40 reconstructed images"
+
+
+def test_record_pictures_of_a_finished_and_of_a_pending_record() -> None:
+    """Fig. 3's and Fig. 6's pictures come from a finished record's own entries, and from the
+    rows of a pending record's finished units (whose rows still carry them), in step order."""
+    pics = {"original": [[[[0.0]]]], "reconstruction": [[[[1.0]]]]}
+    rows = [
+        {"defense": "ats 7-4-15", "step": 20, "figure6": pics},
+        {"defense": "soteria", "step": 10, "figure3": pics},
+        {"defense": "ats 7-4-15", "step": 10, "figure3": pics, "figure6": pics},
+        {"defense": "soteria (direct attack)", "step": 10},
+    ]
+    figure3, figure6 = record_pictures({"rows": rows})
+    assert set(figure3) == {"soteria", "ats 7-4-15"} and figure3["soteria"] == pics
+    assert [e["step"] for e in figure6] == [10, 20] and figure6[0]["original"] == pics["original"]
+    finished = {"rows": [], "figure3": {"soteria": pics}, "figure6": [{"step": 5, **pics}]}
+    assert record_pictures(finished) == (finished["figure3"], finished["figure6"])
+    assert record_pictures(None) == ({}, []) == record_pictures({"rows": rows[3:]})
 
 
 def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:

@@ -61,6 +61,7 @@ from .work import split_size
 __all__ = [
     "FIG2",
     "fig2_training",
+    "record_pictures",
     "soteria_steps",
     "steps_per_epoch",
 ]
@@ -184,12 +185,27 @@ def fig2_training(ctx: Context) -> dict:
     rows = ctx.units(keys + [("soteria", s) for s in sot_steps], unit, "Fig. 2")
     note = stand_in_note(ctx)
     extras = ("figure3", "figure6")
+    figure3, figure6 = record_pictures({"rows": rows})
     return {
         "rows": [_with_epoch(ctx, {k: v for k, v in r.items() if k not in extras}) for r in rows],
-        "figure3": {r["defense"]: r["figure3"] for r in rows if "figure3" in r},
-        "figure6": [{"step": r["step"], **r["figure6"]} for r in rows if "figure6" in r],
+        "figure3": figure3,
+        "figure6": figure6,
         "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
     }
+
+
+def record_pictures(record: dict[str, Any] | None) -> tuple[dict[str, dict], list[dict]]:
+    """Fig. 3's pictures (defense → ``original``, ``reconstruction``) and Fig. 6's (one entry
+    per step, in order) in a record of ``bayes/fig2-training``: a finished record keeps them
+    beside its rows, a pending one (:func:`leakagelib.reporting.results_record`) in the rows of
+    its finished units; empty where it has none yet. The chapter "Breaking heuristic defenses"
+    shows the paper-scale record's beside its own run's."""
+    record = record or {}
+    rows = record.get("rows", [])
+    figure3 = record.get("figure3") or {r["defense"]: r["figure3"] for r in rows if "figure3" in r}
+    figure6 = record.get("figure6") or [{"step": r["step"], **r["figure6"]} for r in rows
+                                        if "figure6" in r]  # fmt: skip
+    return figure3, sorted(figure6, key=lambda e: e["step"])
 
 
 def soteria_steps(ctx: Context) -> tuple[int, ...]:
