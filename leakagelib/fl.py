@@ -28,7 +28,7 @@ from .gradients import check_batch
 from .losses import client_loss
 from .validation import require_count, require_number
 
-__all__ = ["TrainResult", "accuracy", "evaluate", "train", "training_loss"]
+__all__ = ["TrainResult", "accuracy", "adam", "evaluate", "train", "training_loss"]
 
 Augment = Callable[[Tensor, torch.Generator | None], Tensor]
 State = dict[str, Tensor]
@@ -123,6 +123,25 @@ def _step(
     return loss
 
 
+def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
+    """PyTorch's Adam (default β and ε) with its fused kernel where the parameters allow it.
+
+    The fused kernel makes one pass over each tensor where the default CPU
+    implementation makes about ten; the update is the same up to float rounding
+    (after ten steps on ConvBig, parameters within 2e-5 of the default's). It
+    took a training step of ConvBig (12.4 million parameters, batch 32; Bayes
+    Fig. 2's Soteria network, 15,620 steps) from 376 to 170 ms on this project's
+    CPU, the optimiser's share from 226 to 24 ms (2026-11-29, one thread, a
+    paper-scale run beside it). :func:`train` and the campaign's estimate of a
+    training step use it.
+    """
+    params = list(params)
+    fused = bool(params) and all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+    )
+    return torch.optim.Adam(params, lr=lr, fused=fused)
+
+
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the trained copy, per-step losses and the snapshots by step."""
@@ -164,7 +183,7 @@ def train(
     g = torch.Generator().manual_seed(seed)
     net = copy.deepcopy(model)
     if optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+        opt: torch.optim.Optimizer = adam(net.parameters(), lr)
     elif optimizer == "sgd":
         opt = torch.optim.SGD(net.parameters(), lr=lr)
     else:

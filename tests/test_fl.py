@@ -12,7 +12,7 @@ from torch import nn
 from leakagelib import data
 from leakagelib.defenses import CVB, DPSGD, GradientCompression, insert_bottleneck
 from leakagelib.fedavg import FLResult, client_shards, federated_averaging, iid_split
-from leakagelib.fl import accuracy, evaluate, train, training_loss
+from leakagelib.fl import accuracy, adam, evaluate, train, training_loss
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -190,6 +190,24 @@ def test_centralised_training_with_augmentation_and_snapshots(digits) -> None:
     assert accuracy(result.model, xt, yt) > 0.7
     with pytest.raises(ValueError, match="optimizer"):
         train(mlp(), x, y, steps=1, optimizer="rmsprop")
+
+
+def test_train_takes_adams_fused_kernel_with_the_default_adams_steps(digits) -> None:
+    """``train``'s Adam is PyTorch's, fused: five steps land where the default kernel's do."""
+    x, y = digits[0][:32], digits[1][:32]
+    assert adam(mlp().parameters(), 1e-3).defaults["fused"] is True
+    ours = train(mlp(), x, y, steps=5, batch_size=32, lr=1e-2).model
+    reference = mlp()
+    opt = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
+    for _ in range(5):  # one batch of all 32 images: the order does not matter
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for (name, a), b in zip(
+        ours.state_dict().items(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-5), name
+    assert not torch.equal(ours[1].weight, mlp()[1].weight)  # it did train
 
 
 def test_training_loss_adds_the_bottleneck_kl() -> None:

@@ -41,6 +41,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from .. import fl
 from ..attacks.programs import CPU_PROGRAM_ATTACKS
 from .registry import Context, Experiment
 from .work import Load, Net, Objective
@@ -123,7 +124,7 @@ def _train_step(net: Net, batch: int, device: str) -> float:
     """Seconds per Adam step on the cross-entropy of a ``batch`` of images, ``net`` in train mode."""
     model, images, labels = _inputs(net, batch, device)
     images, labels = images.to(device), labels.to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = fl.adam(model.parameters(), 1e-3)
     watch = _Stopwatch(device)
 
     def loop() -> None:
