@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from .attacks.checkpoint import LoopCheckpoint, fingerprint
 from .defenses.base import GradientDefense, NoDefense
-from .fl import Augment, State, _check_data, _snapshot, _step, accuracy, evaluate
+from .fl import Augment, State, _check_data, _snapshot, _step, accuracy, adam, evaluate
 
 __all__ = ["FLResult", "client_shards", "federated_averaging", "iid_split"]
 
@@ -193,7 +193,7 @@ def federated_averaging(
     global_model = copy.deepcopy(model)
     shards = _client_shards(images.shape[0], clients, val_fraction, g, images.device)
     locals_ = [copy.deepcopy(global_model) for _ in range(clients)]
-    optimizers = [torch.optim.Adam(m.parameters(), lr=lr, betas=betas) for m in locals_]
+    optimizers = [adam(m.parameters(), lr, betas) for m in locals_]
     wanted = set(snapshot_rounds)
     result = FLResult(global_model, snapshots={0: _snapshot(global_model)} if 0 in wanted else {})
     # a fresh Adam every round (the authors'): no optimiser state to keep across rounds

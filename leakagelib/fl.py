@@ -123,8 +123,10 @@ def _step(
     return loss
 
 
-def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
-    """PyTorch's Adam (default β and ε) with its fused kernel where the parameters allow it.
+def adam(
+    params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999)
+) -> torch.optim.Adam:
+    """PyTorch's Adam (default ε) with its fused kernel where the parameters allow it.
 
     The fused kernel makes one pass over each tensor where the default CPU
     implementation makes about ten; the update is the same up to float rounding
@@ -132,14 +134,15 @@ def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
     took a training step of ConvBig (12.4 million parameters, batch 32; Bayes
     Fig. 2's Soteria network, 15,620 steps) from 376 to 170 ms on this project's
     CPU, the optimiser's share from 226 to 24 ms (2026-11-29, one thread, a
-    paper-scale run beside it). :func:`train` and the campaign's estimate of a
-    training step use it.
+    paper-scale run beside it). :func:`train`, the clients of
+    :func:`leakagelib.fedavg.federated_averaging` and the campaign's estimate of
+    a training step use it.
     """
     params = list(params)
     fused = bool(params) and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
     )
-    return torch.optim.Adam(params, lr=lr, fused=fused)
+    return torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
 
 
 @dataclass
