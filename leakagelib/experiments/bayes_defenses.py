@@ -298,9 +298,10 @@ def _soteria_rows(
 
     Both attack the curve's ``soteria_victims`` as one batched program. At
     ``fig3_step`` the layer-drop attack also takes the rest of Fig. 3's
-    ``fig3_victims``, which the direct attack, absent from Fig. 3, does not: on
-    one CPU thread its 30 extra ConvBig attacks of 4,000 iterations would cost
-    about half an hour. The layer-drop attack then runs as a program of its own.
+    ``fig3_victims``, which the direct attack, absent from Fig. 3, does not: its
+    30 extra ConvBig attacks of 4,000 iterations would cost about 45 minutes on
+    this project's CPU (the curve's ten took 16 min on two threads, 2026-11-29).
+    The layer-drop attack then runs as a program of its own.
     """
     cfg = ctx.config
     images, labels, norm, trained = scenario
