@@ -210,6 +210,34 @@ def test_train_takes_adams_fused_kernel_with_the_default_adams_steps(digits) -> 
     assert not torch.equal(ours[1].weight, mlp()[1].weight)  # it did train
 
 
+def test_train_runs_inversefeds_conservative_sgd(digits) -> None:
+    """SGD with momentum 0.9, Nesterov and weight decay 5e-4 at lr 0.1 (the Bayes authors' ATS
+    training) takes PyTorch's steps; Adam refuses SGD's settings, and Nesterov needs momentum."""
+    x, y = digits[0][:32], digits[1][:32]
+    sgd = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+    ours = train(mlp(), x, y, steps=5, batch_size=32, **sgd).model
+    reference = mlp()
+    opt = torch.optim.SGD(
+        reference.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4
+    )
+    for _ in range(5):
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for (name, a), b in zip(
+        ours.state_dict().items(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+    plain = train(mlp(), x, y, steps=5, batch_size=32, optimizer="sgd", lr=0.1).model
+    assert not torch.allclose(plain[1].weight, ours[1].weight)  # momentum made a difference
+    with pytest.raises(ValueError, match="are SGD's"):
+        train(mlp(), x, y, steps=1, momentum=0.9)
+    with pytest.raises(ValueError, match="nesterov needs a momentum"):
+        train(mlp(), x, y, steps=1, optimizer="sgd", nesterov=True)
+    with pytest.raises(ValueError, match="momentum must be"):
+        train(mlp(), x, y, steps=1, optimizer="sgd", momentum=-0.1)
+
+
 def test_training_loss_adds_the_bottleneck_kl() -> None:
     conv = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
     model = insert_bottleneck(conv, CVB(4, kernel_size=3, beta=1.0), 1)
