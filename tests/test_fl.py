@@ -192,21 +192,29 @@ def test_centralised_training_with_augmentation_and_snapshots(digits) -> None:
         train(mlp(), x, y, steps=1, optimizer="rmsprop")
 
 
+def _assert_takes_torchs_steps(trained, x, y, make_optimizer, atol: float) -> None:
+    """``trained`` (5 steps of ``train`` on all of ``x`` as one batch) equals five steps of the
+    PyTorch optimiser ``make_optimizer(parameters)`` from the same start."""
+    reference = mlp()
+    opt = make_optimizer(reference.parameters())
+    for _ in range(5):  # one batch of all the images: their order does not matter
+        opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for (name, a), b in zip(
+        trained.state_dict().items(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=atol), name
+
+
 def test_train_takes_adams_fused_kernel_with_the_default_adams_steps(digits) -> None:
     """``train``'s Adam is PyTorch's, fused: five steps land where the default kernel's do."""
     x, y = digits[0][:32], digits[1][:32]
     assert adam(mlp().parameters(), 1e-3).defaults["fused"] is True
     ours = train(mlp(), x, y, steps=5, batch_size=32, lr=1e-2).model
-    reference = mlp()
-    opt = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
-    for _ in range(5):  # one batch of all 32 images: the order does not matter
-        opt.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        opt.step()
-    for (name, a), b in zip(
-        ours.state_dict().items(), reference.state_dict().values(), strict=True
-    ):
-        assert torch.allclose(a, b, atol=1e-5), name
+    _assert_takes_torchs_steps(
+        ours, x, y, lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False), 1e-5
+    )
     assert not torch.equal(ours[1].weight, mlp()[1].weight)  # it did train
 
 
@@ -216,18 +224,8 @@ def test_train_runs_inversefeds_conservative_sgd(digits) -> None:
     x, y = digits[0][:32], digits[1][:32]
     sgd = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
     ours = train(mlp(), x, y, steps=5, batch_size=32, **sgd).model
-    reference = mlp()
-    opt = torch.optim.SGD(
-        reference.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4
-    )
-    for _ in range(5):
-        opt.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        opt.step()
-    for (name, a), b in zip(
-        ours.state_dict().items(), reference.state_dict().values(), strict=True
-    ):
-        assert torch.allclose(a, b, atol=1e-6), name
+    torch_sgd = {k: v for k, v in sgd.items() if k != "optimizer"}
+    _assert_takes_torchs_steps(ours, x, y, lambda p: torch.optim.SGD(p, **torch_sgd), 1e-6)
     plain = train(mlp(), x, y, steps=5, batch_size=32, optimizer="sgd", lr=0.1).model
     assert not torch.allclose(plain[1].weight, ours[1].weight)  # momentum made a difference
     with pytest.raises(ValueError, match="are SGD's"):
