@@ -6,9 +6,10 @@
 it lives in :mod:`leakagelib.fedavg`, built on the same local step.
 
 :func:`train` is the centralised loop the Bayes paper's Figure 2 needs (attack
-ATS and Soteria after each of the first training steps): mini-batch Adam with
-an optional augmentation hook (:class:`leakagelib.defenses.ats.ATSAugmentation`)
-and snapshots after chosen optimiser steps. It returns plain ``state_dict``
+ATS and Soteria after each of the first training steps): mini-batch Adam or
+SGD with learning-rate drops at chosen steps, an optional augmentation hook
+(:class:`leakagelib.defenses.ats.ATSAugmentation`) and snapshots after chosen
+optimiser steps. It returns plain ``state_dict``
 snapshots, so an attack can be run on the model "as it was at step t". Used by
 the chapter "Breaking heuristic defenses" and the R-GAP rank experiments;
 the chapter "Variational bottlenecks" trains through :mod:`leakagelib.fedavg`.
@@ -16,8 +17,9 @@ the chapter "Variational bottlenecks" trains through :mod:`leakagelib.fedavg`.
 
 from __future__ import annotations
 
+import bisect
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -124,9 +126,13 @@ def _step(
 
 
 def adam(
-    params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999)
+    params: Iterable[nn.Parameter],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
 ) -> torch.optim.Adam:
-    """PyTorch's Adam (default ε) with its fused kernel where the parameters allow it.
+    """PyTorch's Adam (default ε, ``weight_decay`` its L2 term) with its fused kernel where the
+    parameters allow it.
 
     The fused kernel makes one pass over each tensor where the default CPU
     implementation makes about ten; the update is the same up to float rounding
@@ -142,7 +148,7 @@ def adam(
     fused = bool(params) and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
     )
-    return torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
+    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
 
 
 def _optimizer(
@@ -150,11 +156,11 @@ def _optimizer(
 ) -> torch.optim.Optimizer:
     """:func:`train`'s optimiser, its settings checked: Adam (:func:`adam`) or SGD."""
     require_number("momentum", momentum, "SGD's momentum", low=0.0, low_open=False)
-    require_number("weight_decay", weight_decay, "SGD's L2 penalty", low=0.0, low_open=False)
+    require_number("weight_decay", weight_decay, "the L2 penalty", low=0.0, low_open=False)
     if kind == "adam":
-        if momentum or nesterov or weight_decay:
-            raise ValueError("momentum, nesterov and weight_decay are SGD's: pass optimizer='sgd'")
-        return adam(net.parameters(), lr)
+        if momentum or nesterov:
+            raise ValueError("momentum and nesterov are SGD's: pass optimizer='sgd'")
+        return adam(net.parameters(), lr, weight_decay=weight_decay)
     if kind != "sgd":
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {kind!r}")
     if nesterov and not momentum:
@@ -170,6 +176,28 @@ class TrainResult:
     model: nn.Module
     losses: list[float] = field(default_factory=list)
     snapshots: dict[int, State] = field(default_factory=dict)
+
+
+def _schedule(lr: float, gamma: float, milestones: Iterable[int]) -> Callable[[int], float]:
+    """:func:`train`'s rate at each step (from 1), its settings checked first."""
+    require_number("lr", lr, "the optimiser's step size", low=0.0, low_open=True)
+    require_number("gamma", gamma, "the factor of each rate drop", low=0.0, low_open=True)
+    drops = list(milestones)
+    for m in drops:
+        require_count("each milestone", m, "steps before a rate drop", low=0)
+    drops.sort()
+    return lambda step: lr * gamma ** bisect.bisect_right(drops, step - 1)
+
+
+def _batches(n: int, batch_size: int, steps: int, g: torch.Generator) -> Iterator[Tensor]:
+    """The indices of :func:`train`'s ``steps`` batches: whole batches of a permutation of ``n``,
+    a new permutation (from ``g``) when the next batch would not fit."""
+    order, cursor = torch.randperm(n, generator=g), 0
+    for _ in range(steps):
+        if cursor + batch_size > n:
+            order, cursor = torch.randperm(n, generator=g), 0
+        yield order[cursor : cursor + batch_size]
+        cursor += batch_size
 
 
 def train(
@@ -188,6 +216,8 @@ def train(
     momentum: float = 0.0,
     nesterov: bool = False,
     weight_decay: float = 0.0,
+    milestones: Iterable[int] = (),
+    gamma: float = 0.1,
 ) -> TrainResult:
     """Centralised mini-batch training of a copy of ``model`` for ``steps`` optimiser steps.
 
@@ -195,16 +225,17 @@ def train(
     to each batch (ATS) and ``defense`` to each step's gradient (see
     :func:`federated_averaging`). ``snapshot_steps`` are the steps after which to keep
     the state (0 = before the first step). ``optimizer`` is ``"adam"`` (:func:`adam`) or
-    ``"sgd"`` with PyTorch's ``momentum``, ``nesterov`` and ``weight_decay`` (the Bayes
-    authors' ATS code trains with inversefed's "conservative" strategy: SGD at lr 0.1, momentum
-    0.9, Nesterov, weight decay 5·10⁻⁴; eth-sri/bayes-framework-leakage,
-    ``defense_attacks/ats/benchmark/cifar_train.py``, ``inversefed/optimization_strategy.py``),
-    batch size 32 for its ATS and Soteria networks (A.1, A.2).
+    ``"sgd"`` with PyTorch's ``momentum`` and ``nesterov``; both take ``weight_decay`` (an L2
+    term added to the gradient, as PyTorch's). The rate is ``lr`` times ``gamma`` to the number
+    of ``milestones`` at or below the steps already taken, as PyTorch's ``MultiStepLR`` stepped
+    once per step: a milestone ``m`` drops it after ``m`` steps, a milestone 0 before the first,
+    and a milestone may repeat. The Bayes authors' networks train so
+    (:mod:`leakagelib.experiments.bayes_training`).
     """
     check_batch(model, images, labels)  # finite images, labels in the model's classes
     require_count("steps", steps, "optimiser steps", low=0)
     require_count("batch_size", batch_size, "images per step")
-    require_number("lr", lr, "the optimiser's step size", low=0.0, low_open=True)
+    rate = _schedule(lr, gamma, milestones)
     defense = NoDefense() if defense is None else defense
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -214,16 +245,12 @@ def train(
     result = TrainResult(model=net)
     if 0 in wanted:
         result.snapshots[0] = _snapshot(net)
-    n = images.shape[0]
-    order = torch.randperm(n, generator=g)
-    cursor = 0
     net.train()
-    for step in range(1, steps + 1):
-        if cursor + batch_size > n:
-            order, cursor = torch.randperm(n, generator=g), 0
-        idx = order[cursor : cursor + batch_size].to(images.device)
-        cursor += batch_size
+    for step, idx in enumerate(_batches(images.shape[0], batch_size, steps, g), start=1):
+        idx = idx.to(images.device)
         x, y = images[idx], labels[idx]
+        for group in opt.param_groups:
+            group["lr"] = rate(step)
         if augment is not None:
             x = augment(x, g)
         loss = _step(net, opt, x, y, defense, g)

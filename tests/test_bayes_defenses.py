@@ -22,10 +22,12 @@ from leakagelib.experiments import Context, ScaleConfig, build_case
 from leakagelib.experiments.bayes_defenses import (
     FIG2,
     record_pictures,
+    soteria_runs,
     soteria_steps,
     steps_per_epoch,
 )
 from leakagelib.experiments.bayes_soteria import FIG5, soteria_attacks, soteria_case
+from leakagelib.experiments.bayes_training import epoch_run, stepwise_run
 from leakagelib.experiments.work import split_size
 from leakagelib.gradients import client_update
 
@@ -168,7 +170,7 @@ def test_record_pictures_of_a_finished_and_of_a_pending_record() -> None:
 
 def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:
     """Fig. 2 follows Soteria for ten epochs (§6): the steps that end each epoch (whole batches
-    of 32), with Fig. 3's tenth step added. At paper scale an epoch is CIFAR-10's training split
+    of 32), each trained by a run of its own, with Fig. 3's tenth step of the step-wise run. At paper scale an epoch is CIFAR-10's training split
     whatever stands for it, so fewer images cycle; at ci it is the stand-in's own split."""
     ctx = Context(scale="paper", settings=FIG2, data={"cifar10": "digits28"})
     per_epoch = steps_per_epoch(ctx, "digits28")
@@ -176,6 +178,12 @@ def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:
     steps = soteria_steps(ctx)
     assert steps == tuple(sorted({e * per_epoch for e in range(11)} | {10}))
     assert steps[-1] / per_epoch == 10
+    runs = soteria_runs(ctx)  # each point its own run, as the authors trained them
+    assert runs[10] == stepwise_run(10) and runs[0]["steps"] == 0
+    assert (
+        runs[3 * per_epoch] == epoch_run(3, per_epoch)
+        and runs[3 * per_epoch]["steps"] == 3 * per_epoch
+    )
     ci = Context(scale="ci", settings=FIG2)
     assert steps_per_epoch(ci, "digits28") == split_size(ci, "cifar10", "train", "digits28") // 32
 

@@ -26,7 +26,7 @@ from leakagelib.defenses import (
 from leakagelib.defenses.ats import POLICY_TABLE, _magnitude, parse_policy
 from leakagelib.defenses.compression import prune_smallest
 from leakagelib.defenses.dpsgd import clip_per_sample
-from leakagelib.defenses.soteria import soteria_scores
+from leakagelib.defenses.soteria import _kept_layer_residuals, soteria_scores
 from leakagelib.experiments.bayes_soteria import convbig
 from leakagelib.fl import train
 from leakagelib.gradients import client_update, per_sample_updates
@@ -336,6 +336,22 @@ def test_layer_drop_attack_beats_the_direct_attack_and_finds_the_defended_layer(
 
     drop, direct = psnr(result.candidates["fc1.linear"]), psnr(result.candidates["direct"])
     assert bool((drop > direct + 5).all()), (drop, direct)
+
+
+@pytest.mark.parametrize("defended", ["fc1.linear", "fc2.linear", "fc3.linear"])
+def test_the_choice_score_vanishes_only_for_the_defended_layer_at_the_true_image(defended) -> None:
+    """Given the client's own image for every candidate, the candidate that drops the defended
+    layer matches all it reads (score ~0) and every other one reads the pruned gradient."""
+    net, images, labels, norm = _soteria_digits((64, 32), n=2)
+    x = norm.normalize(images)
+    stacked = Soteria(defended, pruning_rate=0.8).share(net, x, labels, per_image=True)
+    layers = ["fc1.linear", "fc2.linear", "fc3.linear"]
+    truth = x.unsqueeze(1).unsqueeze(0).expand(len(layers), -1, -1, -1, -1, -1)  # L × N × 1 × ...
+    score = _kept_layer_residuals(net, stacked, labels, truth, layers)
+    right = layers.index(defended)
+    assert bool((score[right] < 1e-8).all()), score
+    others = torch.cat([score[:right], score[right + 1 :]])
+    assert bool((others > 1e-3).all()), score
 
 
 def test_layer_drop_attack_rejects_unknown_layers_and_clashing_extras(batch) -> None:

@@ -192,15 +192,19 @@ def test_centralised_training_with_augmentation_and_snapshots(digits) -> None:
         train(mlp(), x, y, steps=1, optimizer="rmsprop")
 
 
-def _assert_takes_torchs_steps(trained, x, y, make_optimizer, atol: float) -> None:
+def _assert_takes_torchs_steps(trained, x, y, make_optimizer, atol: float, make_scheduler=None):
     """``trained`` (5 steps of ``train`` on all of ``x`` as one batch) equals five steps of the
-    PyTorch optimiser ``make_optimizer(parameters)`` from the same start."""
+    PyTorch optimiser ``make_optimizer(parameters)`` from the same start, its
+    scheduler ``make_scheduler(optimizer)`` (if given) stepped after each."""
     reference = mlp()
     opt = make_optimizer(reference.parameters())
+    scheduler = None if make_scheduler is None else make_scheduler(opt)
     for _ in range(5):  # one batch of all the images: their order does not matter
         opt.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
     for (name, a), b in zip(
         trained.state_dict().items(), reference.state_dict().values(), strict=True
     ):
@@ -230,10 +234,30 @@ def test_train_runs_inversefeds_conservative_sgd(digits) -> None:
     assert not torch.allclose(plain[1].weight, ours[1].weight)  # momentum made a difference
     with pytest.raises(ValueError, match="are SGD's"):
         train(mlp(), x, y, steps=1, momentum=0.9)
+    with pytest.raises(ValueError, match="each milestone must be"):
+        train(mlp(), x, y, steps=1, milestones=[-1])
     with pytest.raises(ValueError, match="nesterov needs a momentum"):
         train(mlp(), x, y, steps=1, optimizer="sgd", nesterov=True)
     with pytest.raises(ValueError, match="momentum must be"):
         train(mlp(), x, y, steps=1, optimizer="sgd", momentum=-0.1)
+
+
+def test_train_drops_the_rate_at_its_milestones_as_pytorchs_multisteplr(digits) -> None:
+    """Milestones 0, 2 and 2 (one before the first step, two after the second) take the steps
+    of PyTorch's MultiStepLR stepped after every step; Adam's weight decay is PyTorch's."""
+    x, y = digits[0][:32], digits[1][:32]
+    ours = train(mlp(), x, y, steps=5, batch_size=32, optimizer="sgd", lr=0.5, momentum=0.9,
+                 milestones=[2, 0, 2], gamma=0.5).model  # fmt: skip
+    _assert_takes_torchs_steps(
+        ours, x, y, lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9), 1e-6,
+        lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [0, 2, 2], gamma=0.5),
+    )  # fmt: skip
+    flat = train(mlp(), x, y, steps=5, batch_size=32, optimizer="sgd", lr=0.5, momentum=0.9)
+    assert not torch.allclose(flat.model[1].weight, ours[1].weight)  # the drops acted
+    decayed = train(mlp(), x, y, steps=5, batch_size=32, lr=1e-2, weight_decay=0.1).model
+    _assert_takes_torchs_steps(
+        decayed, x, y, lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1), 1e-5
+    )
 
 
 def test_training_loss_adds_the_bottleneck_kl() -> None:

@@ -107,6 +107,15 @@ def test_partial_records_are_written_atomically_with_their_pace(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"], "no temporary file left"
 
 
+def test_a_changed_setting_given_as_a_tuple_resumes_from_the_list_json_wrote(tmp_path):
+    """``--set steps=(0,4)`` reaches the identity as a tuple and comes back from JSON a list."""
+    identity = {"experiment": "x", "changes": {"steps": (0, 4)}}
+    PartialRecord(tmp_path / "p.json", identity, resume=False).add("u", [{"v": 1.0}], 1.0, total=2)
+    assert PartialRecord(tmp_path / "p.json", identity, resume=True).get("u") == [{"v": 1.0}]
+    with pytest.raises(ValueError, match="belongs to another run"):
+        PartialRecord(tmp_path / "p.json", {**identity, "changes": {"steps": (0, 5)}}, resume=True)
+
+
 def test_a_partial_record_resumes_from_a_copy_of_its_data_under_another_path(tmp_path):
     """Data files are compared by content: a GPU machine's copy of the samples names another path."""
     files = {}

@@ -18,6 +18,7 @@ from ..fl import train
 from ..records import image_lists
 from ..verdicts import EVERY_IMAGE
 from .bayes_soteria import TRAIN_BATCH
+from .bayes_training import PRECODE_KL_WEIGHT_BITS, PRECODE_TRAINING
 from .bayes_work import precode_work
 from .case import build_case
 from .config import ScaleConfig
@@ -30,13 +31,14 @@ def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
     """The Bayes authors' PRECODE MLP on ``in_shape`` inputs (float32; the caller seeds torch).
 
     Five fully connected layers of 500, Linear(256), the PRECODE bottleneck
-    (K = 256) at ``fc6``, Linear(500) and the classifier of ten classes
-    (``models.build("mlp")``'s documented configuration). Built here for
+    (K = 256, its KL weighted as the authors' training weights it:
+    :data:`.bayes_training.PRECODE_KL_WEIGHT_BITS`) at ``fc6``, Linear(500) and
+    the classifier of ten classes (``models.build("mlp")``'s documented configuration). Built here for
     ``bayes/precode-mlp`` and for its declared work (:mod:`.bayes_work`).
     """
     return models.build(
         "mlp", in_shape=in_shape, num_classes=10, widths=(500,) * 5 + (256, 500),
-        bottleneck={"kind": "precode", "position": "fc6", "K": 256},
+        bottleneck={"kind": "precode", "position": "fc6", "K": 256, "beta": PRECODE_KL_WEIGHT_BITS},
     )  # fmt: skip
 
 
@@ -67,7 +69,7 @@ def precode_mlp(ctx: Context) -> dict:
     Linear(500) before the classifier, uniform ±0.05 initialisation
     (``models.build("mlp")``'s documented configuration), in float64,
     trained for ``train_steps`` steps of batch size 32 on the training split
-    (Adam at :func:`~leakagelib.fl.train`'s default rate, cross-entropy plus
+    (the authors' Adam, :data:`.bayes_training.PRECODE_TRAINING`, on cross-entropy plus
     the bottleneck's β·KL) as Fig. 3 attacks it after the 10th step. Every
     image is its own client (its own bottleneck noise); the noise changes
     nothing for the first layer, whose gradient still equals (dl/db)·xᵀ, so
@@ -85,7 +87,7 @@ def precode_mlp(ctx: Context) -> dict:
     model = precode_network(shape).to(device=ctx.device, dtype=torch.float64)
     trained = train(
         model, norm.normalize(train_x).to(ctx.device, torch.float64), train_y.to(ctx.device),
-        steps=ctx.config.train_steps, batch_size=TRAIN_BATCH, seed=ctx.seed,
+        steps=ctx.config.train_steps, batch_size=TRAIN_BATCH, seed=ctx.seed, **PRECODE_TRAINING,
     )  # fmt: skip
     case = build_case(trained.model, images, labels, norm, device=ctx.device)
     result = bias_attack(case.model, case.updates, case.labels, input_shape=shape)

@@ -40,7 +40,7 @@ reduction="mean")``, so 4·10⁻⁴ is typed as the paper writes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -52,6 +52,7 @@ from ..data import Dataset, Normalizer
 from ..defenses import GradientDefense, Soteria, layer_drop_attack
 from ..fl import TrainResult, train
 from ..records import image_lists
+from .bayes_training import stepwise_run
 from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
@@ -130,7 +131,8 @@ FIG5 = ScaleConfig(
     sources={
         **SOTERIA_SOURCES,
         "victims": "ours (Fig. 5 shows one CIFAR-10 image per panel)",
-        "train_steps": "Fig. 5: 'All networks have been trained for 10 steps'",
+        "train_steps": "Fig. 5: 'All networks have been trained for 10 steps' (the authors' "
+        "step-wise run: bayes_training)",
     },
 )
 
@@ -170,26 +172,27 @@ def stand_in_note(ctx: Context) -> str | None:
 
 
 def trained_convbig(
-    ctx: Context, n: int, steps: Sequence[int]
+    ctx: Context, n: int, run: Mapping[str, Any], name: str = "convbig"
 ) -> tuple[Tensor, Tensor, Normalizer, TrainResult]:
-    """The Soteria victims and ConvBig trained on their dataset's training split.
+    """The Soteria victims and ConvBig after one of the authors' training runs.
 
     Returns the first ``n`` test images of CIFAR-10 (of :data:`SOTERIA_STAND_IN`
-    at ci scale) in [0, 1], their labels, the normaliser and the training
-    run: ``max(steps)`` steps of batch size :data:`TRAIN_BATCH` without defense (A.1), with a
-    snapshot of the weights after each of ``steps``. A command-line run keeps the training
-    beside its partial record (:func:`.kept.kept_run`), so a resumed Fig. 2 does not train
-    its 15,620 steps again.
+    at ci scale) in [0, 1], their labels, the normaliser and the training: ConvBig
+    trained without defense or augmentation (A.1) on the training split in
+    batches of :data:`TRAIN_BATCH`, with ``run``'s settings of
+    :func:`leakagelib.fl.train` (:func:`.bayes_training.stepwise_run` or
+    :func:`.bayes_training.epoch_run`, which say why). A command-line run keeps the
+    trained network beside its partial record under ``name``
+    (:func:`.kept.kept_run`), so a resumed Fig. 2 does not train an epoch run again.
     """
     images, labels, norm = _soteria_data(ctx, n, "test")
     train_x, train_y, _ = _soteria_data(ctx, None, "train")
     net = convbig(tuple(images.shape[1:]), ctx.config.hidden, seed=ctx.seed).to(ctx.device)
     inputs, targets = norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device)
     trained = kept_run(
-        None if ctx.partial is None else ctx.partial.kept("convbig"), net,
-        lambda: train(net, inputs, targets, steps=max(steps), batch_size=TRAIN_BATCH,
-                      snapshot_steps=steps, seed=ctx.seed),
-        parts=[ctx.config.hidden, TRAIN_BATCH, sorted(steps), ctx.seed],
+        None if ctx.partial is None else ctx.partial.kept(name), net,
+        lambda: train(net, inputs, targets, batch_size=TRAIN_BATCH, seed=ctx.seed, **run),
+        parts=[ctx.config.hidden, TRAIN_BATCH, sorted(run.items()), ctx.seed],
         data={"x": inputs, "y": targets.double(), **net.state_dict()},
     )  # fmt: skip
     return images, labels, norm, trained
@@ -212,7 +215,7 @@ def soteria_case(
     same one for each defended layer.
     """
     ctx = Context(scale=scale, seed=seed, device=device, progress=False, settings=FIG5)
-    images, labels, norm, trained = trained_convbig(ctx, n, [ctx.config.train_steps])
+    images, labels, norm, trained = trained_convbig(ctx, n, stepwise_run(ctx.config.train_steps))
     rate = ctx.config.pruning_rate if pruning_rate is None else pruning_rate
     defense = Soteria(layer, rate, attack=ctx.config.likelihood)
     return build_case(trained.model, images, labels, norm, defense=defense, device=device)
@@ -262,7 +265,8 @@ def psnr_summary(psnr: Tensor) -> dict[str, float]:
 def fig5_soteria_layers(ctx: Context) -> dict:
     """Bayes Fig. 5: the direct attack versus the layer-drop attack on Soteria, either layer defended.
 
-    ConvBig trained ``train_steps`` steps without defense (A.1); every victim
+    ConvBig trained ``train_steps`` steps without defense (A.1), as the authors'
+    step-wise run (:func:`.bayes_training.stepwise_run`); every victim
     is a client sending its image's update with Soteria on ``fc1`` — the
     largest linear layer — or on ``fc2``, the second largest. Attacks, all from
     the same starting points: "direct" (every layer, Fig. 5b), "layer-drop"
@@ -280,7 +284,7 @@ def fig5_soteria_layers(ctx: Context) -> dict:
     docstring).
     """
     cfg = ctx.config
-    images, labels, norm, trained = trained_convbig(ctx, cfg.victims, [cfg.train_steps])
+    images, labels, norm, trained = trained_convbig(ctx, cfg.victims, stepwise_run(cfg.train_steps))
 
     def unit(defended: str) -> list[dict]:
         layer = f"{defended}.linear"

@@ -219,10 +219,10 @@ def fig5_work(ctx: Context) -> list[list[Load]]:
 
 def fig2_work(ctx: Context) -> list[list[Load]]:
     """``bayes/fig2-training``: per ATS policy its ConvNet's training (in its first unit) and per
-    step Inverting Gradients on its victims; then ConvBig's training (in the first Soteria unit)
-    and per Soteria step (its epochs') Soteria's fit on ``fc1`` and the layer-drop and direct
-    attacks together; at Fig. 3's step each defense attacks ``fig3_victims`` images if more."""
-    from .bayes_defenses import soteria_steps
+    step Inverting Gradients on its victims; then per Soteria step ConvBig's own training run
+    (:func:`.bayes_defenses.soteria_runs`), Soteria's fit on ``fc1`` and the layer-drop and
+    direct attacks together; at Fig. 3's step each defense attacks ``fig3_victims`` images if more."""
+    from .bayes_defenses import soteria_runs
     from .bayes_soteria import TRAIN_BATCH
 
     cfg = ctx.config
@@ -247,11 +247,10 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
         for i, step in enumerate(steps)
     ]
     net, model = _soteria_net(ctx)
-    sot_steps = soteria_steps(ctx)
-    for i, step in enumerate(sot_steps):
+    for step, run in sorted(soteria_runs(ctx).items()):
         n = victims(cfg.soteria_victims, step)
         units.append([
-            *(_training(net, TRAIN_BATCH, max(sot_steps)) if i == 0 else []),
+            *_training(net, TRAIN_BATCH, run["steps"]),
             _soteria_fit(net, model, "fc1.linear", n),
             Load(net, "attack", 2 * n, cfg.attack_steps),
         ])  # fmt: skip

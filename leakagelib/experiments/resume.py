@@ -99,18 +99,20 @@ def device_kind(device: str | None) -> str | None:
 
 
 def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
-    """An identity with its data named by content where the content is known.
+    """An identity with its data named by content where the content is known, in JSON's types.
 
     A data file is known by the ``data_sha256`` the identity carries, or else
     (a partial record written before identities carried it) by hashing the
-    file its path names here, if there is one; otherwise by its path.
+    file its path names here, if there is one; otherwise by its path. Values
+    pass through JSON, as the file's did, so a changed setting given as a tuple
+    (``--set soteria_epochs=(0,4)``) compares equal to the list the file holds.
     """
     data = identity.get("data") or {}
     digests = {**data_digests(data), **identity.get("data_sha256", {})}
     same = {k: v for k, v in identity.items() if k not in ("data", "data_sha256")}
     if data:
         same["data"] = {name: digests.get(name, spec) for name, spec in data.items()}
-    return same
+    return json.loads(json.dumps(same))
 
 
 class ShareDone(Exception):
