@@ -9,8 +9,9 @@ it lives in :mod:`leakagelib.fedavg`, built on the same local step.
 ATS and Soteria after each of the first training steps): mini-batch Adam or
 SGD with learning-rate drops at chosen steps, an optional augmentation hook
 (:class:`leakagelib.defenses.ats.ATSAugmentation`) and snapshots after chosen
-optimiser steps. It returns plain ``state_dict``
-snapshots, so an attack can be run on the model "as it was at step t". Used by
+optimiser steps. It returns plain ``state_dict`` snapshots, so an attack can be
+run on the model "as it was at step t", and, where asked, states
+(:class:`TrainState`) that another run continues from. Used by
 the chapter "Breaking heuristic defenses" and the R-GAP rank experiments;
 the chapter "Variational bottlenecks" trains through :mod:`leakagelib.fedavg`.
 """
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +32,7 @@ from .gradients import check_batch
 from .losses import client_loss
 from .validation import require_count, require_number
 
-__all__ = ["TrainResult", "accuracy", "adam", "evaluate", "train", "training_loss"]
+__all__ = ["TrainResult", "TrainState", "accuracy", "adam", "evaluate", "train", "training_loss"]
 
 Augment = Callable[[Tensor, torch.Generator | None], Tensor]
 State = dict[str, Tensor]
@@ -170,12 +172,30 @@ def _optimizer(
 
 
 @dataclass
+class TrainState:
+    """Where :func:`train` stood after ``step`` steps, enough to continue exactly as it would
+    have gone on: the network's and the optimiser's state, the batch order and the
+    generators' states. The Bayes Fig. 2 runs whose schedules agree for some epochs start from
+    one (:mod:`leakagelib.experiments.bayes_training`)."""
+
+    step: int
+    weights: State
+    optimizer: dict[str, Any]
+    generator: Tensor
+    global_generator: Tensor
+    order: Tensor
+    cursor: int
+
+
+@dataclass
 class TrainResult:
-    """What :func:`train` returns: the trained copy, per-step losses and the snapshots by step."""
+    """What :func:`train` returns: the trained copy, per-step losses (of the steps it took),
+    the snapshots by step and the states (:class:`TrainState`) by step."""
 
     model: nn.Module
     losses: list[float] = field(default_factory=list)
     snapshots: dict[int, State] = field(default_factory=dict)
+    states: dict[int, TrainState] = field(default_factory=dict)
 
 
 def _schedule(lr: float, gamma: float, milestones: Iterable[int]) -> Callable[[int], float]:
@@ -189,15 +209,20 @@ def _schedule(lr: float, gamma: float, milestones: Iterable[int]) -> Callable[[i
     return lambda step: lr * gamma ** bisect.bisect_right(drops, step - 1)
 
 
-def _batches(n: int, batch_size: int, steps: int, g: torch.Generator) -> Iterator[Tensor]:
-    """The indices of :func:`train`'s ``steps`` batches: whole batches of a permutation of ``n``,
-    a new permutation (from ``g``) when the next batch would not fit."""
-    order, cursor = torch.randperm(n, generator=g), 0
-    for _ in range(steps):
-        if cursor + batch_size > n:
-            order, cursor = torch.randperm(n, generator=g), 0
-        yield order[cursor : cursor + batch_size]
-        cursor += batch_size
+class _Batches:
+    """The indices of :func:`train`'s batches: whole batches of a permutation of ``n``, a new
+    permutation (from ``g``) when the next batch would not fit."""
+
+    def __init__(self, n: int, batch_size: int, g: torch.Generator, start: TrainState | None):
+        self.n, self.batch_size, self.g = n, batch_size, g
+        self.order = torch.randperm(n, generator=g) if start is None else start.order.clone()
+        self.cursor = 0 if start is None else start.cursor
+
+    def next(self) -> Tensor:
+        if self.cursor + self.batch_size > self.n:
+            self.order, self.cursor = torch.randperm(self.n, generator=self.g), 0
+        self.cursor += self.batch_size
+        return self.order[self.cursor - self.batch_size : self.cursor]
 
 
 def train(
@@ -218,19 +243,20 @@ def train(
     weight_decay: float = 0.0,
     milestones: Iterable[int] = (),
     gamma: float = 0.1,
+    start: TrainState | None = None,
+    state_steps: Iterable[int] = (),
 ) -> TrainResult:
     """Centralised mini-batch training of a copy of ``model`` for ``steps`` optimiser steps.
 
-    Batches are drawn by reshuffling the data every epoch; ``augment`` is applied
-    to each batch (ATS) and ``defense`` to each step's gradient (see
-    :func:`federated_averaging`). ``snapshot_steps`` are the steps after which to keep
-    the state (0 = before the first step). ``optimizer`` is ``"adam"`` (:func:`adam`) or
-    ``"sgd"`` with PyTorch's ``momentum`` and ``nesterov``; both take ``weight_decay`` (an L2
-    term added to the gradient, as PyTorch's). The rate is ``lr`` times ``gamma`` to the number
-    of ``milestones`` at or below the steps already taken, as PyTorch's ``MultiStepLR`` stepped
-    once per step: a milestone ``m`` drops it after ``m`` steps, a milestone 0 before the first,
-    and a milestone may repeat. The Bayes authors' networks train so
-    (:mod:`leakagelib.experiments.bayes_training`).
+    Batches are drawn by reshuffling the data every epoch; ``augment`` is applied to each
+    batch (ATS) and ``defense`` to each step's gradient (see :func:`federated_averaging`);
+    ``snapshot_steps`` are the steps after which to keep the weights (0: before the first).
+    ``optimizer`` is ``"adam"`` (:func:`adam`) or ``"sgd"`` with PyTorch's ``momentum`` and
+    ``nesterov``; both take ``weight_decay`` (PyTorch's L2 term). The rate is ``lr`` times
+    ``gamma`` per milestone at or below the steps taken, as PyTorch's ``MultiStepLR`` stepped
+    every step (a milestone 0 acts before the first; :mod:`.experiments.bayes_training`).
+    ``start`` continues a :class:`TrainState` of a run on the same data, batch size and
+    optimiser as that run would have gone on; ``state_steps`` are the steps to keep one after.
     """
     check_batch(model, images, labels)  # finite images, labels in the model's classes
     require_count("steps", steps, "optimiser steps", low=0)
@@ -241,20 +267,42 @@ def train(
     g = torch.Generator().manual_seed(seed)
     net = copy.deepcopy(model)
     opt = _optimizer(net, optimizer, lr, momentum, nesterov, weight_decay)
-    wanted = set(snapshot_steps)
-    result = TrainResult(model=net)
-    if 0 in wanted:
-        result.snapshots[0] = _snapshot(net)
+    batches = _Batches(images.shape[0], batch_size, g, start)
+    first = 1 if start is None else _resume(net, opt, g, start, steps)
+    wanted, keep = set(snapshot_steps), set(state_steps)
+    result = TrainResult(model=net, snapshots={0: _snapshot(net)} if 0 in wanted else {})
     net.train()
-    for step, idx in enumerate(_batches(images.shape[0], batch_size, steps, g), start=1):
-        idx = idx.to(images.device)
+    for step in range(first, steps + 1):
+        idx = batches.next().to(images.device)
         x, y = images[idx], labels[idx]
-        for group in opt.param_groups:
-            group["lr"] = rate(step)
+        opt.param_groups[0]["lr"] = rate(step)  # (train's optimisers have one group)
         if augment is not None:
             x = augment(x, g)
         loss = _step(net, opt, x, y, defense, g)
         result.losses.append(float(loss))
         if step in wanted:
             result.snapshots[step] = _snapshot(net)
+        if step in keep:
+            result.states[step] = _state(step, net, opt, g, batches)
     return result
+
+
+def _state(
+    step: int, net: nn.Module, opt: torch.optim.Optimizer, g: torch.Generator, batches: _Batches
+) -> TrainState:
+    """:func:`train`'s :class:`TrainState` after ``step`` steps (copies, as training goes on)."""
+    return TrainState(step, _snapshot(net), copy.deepcopy(opt.state_dict()), g.get_state(),
+                      torch.get_rng_state(), batches.order.clone(), batches.cursor)  # fmt: skip
+
+
+def _resume(
+    net: nn.Module, opt: torch.optim.Optimizer, g: torch.Generator, start: TrainState, steps: int
+) -> int:
+    """Put ``start`` into :func:`train`'s network, optimiser and generators; the first step."""
+    if start.step > steps:
+        raise ValueError(f"start is after step {start.step}, past the run's {steps} steps")
+    net.load_state_dict(start.weights)
+    opt.load_state_dict(copy.deepcopy(start.optimizer))
+    g.set_state(start.generator)
+    torch.set_rng_state(start.global_generator)
+    return start.step + 1

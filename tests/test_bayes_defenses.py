@@ -9,6 +9,7 @@ defenses" runs them at full ci scale and asserts the paper's claims.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,13 +22,20 @@ from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
 from leakagelib.experiments.bayes_defenses import (
     FIG2,
+    _shared_states,
     record_pictures,
     soteria_runs,
     soteria_steps,
     steps_per_epoch,
 )
-from leakagelib.experiments.bayes_soteria import FIG5, soteria_attacks, soteria_case
+from leakagelib.experiments.bayes_soteria import (
+    FIG5,
+    soteria_attacks,
+    soteria_case,
+    trained_convbig,
+)
 from leakagelib.experiments.bayes_training import epoch_run, stepwise_run
+from leakagelib.experiments.resume import PartialRecord
 from leakagelib.experiments.work import split_size
 from leakagelib.gradients import client_update
 
@@ -221,3 +229,28 @@ def test_build_case_feeds_the_model_in_its_own_dtype_and_scores_given_images() -
     assert torch.equal(case.score_images(noisy), metrics.psnr(noisy, images))
     with pytest.raises(KeyError, match="unknown metric"):
         case.score_images(noisy, "psnr2")
+
+
+def test_a_soteria_run_continued_from_a_shorter_runs_state_is_the_run_trained_alone(tmp_path):
+    """Fig. 2's runs of 3 and 4 epochs agree for their first epoch (lr 0.1, then 10⁻³ against
+    10⁻²): with a partial record the 3-epoch run keeps its state after that epoch and the
+    4-epoch run starts there, landing on the network it reaches trained from the start (epochs
+    of three batches here)."""
+    settings = replace(FIG2, ci={**FIG2.ci, "soteria_epochs": (3, 4), "epoch_images": 96})
+    ctx = Context(scale="ci", settings=settings)
+    per_epoch = steps_per_epoch(ctx, "digits28")
+    runs = soteria_runs(ctx)
+    alone = trained_convbig(ctx, 1, runs[4 * per_epoch])[3]
+    ctx.partial = PartialRecord(tmp_path / "f.json.partial", {"experiment": "x"}, resume=True)
+    shared = {s: _shared_states(ctx, s) for s in (3 * per_epoch, 4 * per_epoch)}
+    assert list(shared[3 * per_epoch]) == list(shared[4 * per_epoch]) == [per_epoch]
+    trained_convbig(ctx, 1, runs[3 * per_epoch], "three", shared[3 * per_epoch])
+    kept = tmp_path / "f.json.partial.attacks" / f"{shared[4 * per_epoch][per_epoch]}.pt"
+    assert kept.exists()
+    continued = trained_convbig(ctx, 1, runs[4 * per_epoch], "four", shared[4 * per_epoch])[3]
+    assert len(continued.losses) == 3 * per_epoch  # it trained the last three epochs only
+    assert continued.losses == alone.losses[per_epoch:]
+    for (name, a), b in zip(
+        continued.model.state_dict().items(), alone.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name

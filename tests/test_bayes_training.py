@@ -9,8 +9,10 @@ from torch import nn
 from leakagelib import data
 from leakagelib.experiments.bayes_training import (
     CONSERVATIVE,
+    epoch_rates,
     epoch_run,
     inversefed_milestones,
+    shared_epochs,
     stepwise_run,
 )
 from leakagelib.fl import train
@@ -64,3 +66,19 @@ def test_an_epoch_run_takes_the_authors_steps() -> None:
         ends.append(ours[1].weight.detach())
     change = [float((w - _net()[1].weight.detach()).norm()) for w in ends]
     assert change[0] < change[1] / 10 < change[2] / 10, change  # 10⁻⁴, then 10⁻², then 0.1 first
+
+
+def test_runs_share_the_epochs_their_schedules_agree_on() -> None:
+    """Fig. 2's Soteria runs of 0–10 epochs, each started from the latest state an earlier
+    run kept at one of its shared epochs, train 35 epochs instead of 55."""
+    assert shared_epochs(4, range(11)) == [1, 2]  # with 3 (0.1 first) and with 5 (0.1, 0.01)
+    assert shared_epochs(2, range(11)) == []  # 0.01 first: no other run starts so
+    kept: set[tuple[float, ...]] = set()
+    trained = 0
+    for epochs in range(11):
+        points = shared_epochs(epochs, range(11))
+        rates = epoch_rates(epochs)
+        start = max((k for k in points if tuple(rates[:k]) in kept), default=0)
+        trained += epochs - start
+        kept |= {tuple(rates[:k]) for k in points}
+    assert trained == 35

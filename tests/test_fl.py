@@ -260,6 +260,30 @@ def test_train_drops_the_rate_at_its_milestones_as_pytorchs_multisteplr(digits) 
     )
 
 
+def test_a_run_continued_from_its_state_goes_on_exactly_as_it_would_have(digits) -> None:
+    """Seven steps through a reshuffle (batches of 100 of 300 images), with an augmentation that
+    draws from the generator: continued from step 4's state, in a run of its own and with a
+    different schedule from there on, the result is the uninterrupted run's."""
+    x, y = digits[0][:300], digits[1][:300]
+
+    def jitter(batch: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+        return batch + 0.1 * torch.randn(batch.shape, generator=g)
+
+    common = {"batch_size": 100, "augment": jitter, "optimizer": "sgd", "lr": 0.1,
+              "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # fmt: skip
+    for later in ([], [5, 5]):
+        whole = train(mlp(), x, y, steps=7, milestones=later, **common)
+        part = train(mlp(), x, y, steps=4, state_steps=[4], **common)
+        rest = train(mlp(), x, y, steps=7, milestones=later, start=part.states[4], **common)
+        assert part.losses + rest.losses == whole.losses
+        for (name, a), b in zip(
+            rest.model.state_dict().items(), whole.model.state_dict().values(), strict=True
+        ):
+            assert torch.equal(a, b), (later, name)
+    with pytest.raises(ValueError, match="past the run's 3 steps"):
+        train(mlp(), x, y, steps=3, start=part.states[4], **common)
+
+
 def test_training_loss_adds_the_bottleneck_kl() -> None:
     conv = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
     model = insert_bottleneck(conv, CVB(4, kernel_size=3, beta=1.0), 1)

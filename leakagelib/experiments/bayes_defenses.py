@@ -52,7 +52,7 @@ from .bayes_soteria import (
     stand_in_note,
     trained_convbig,
 )
-from .bayes_training import epoch_run, stepwise_run
+from .bayes_training import epoch_rates, epoch_run, shared_epochs, stepwise_run
 from .bayes_work import fig2_work
 from .case import build_case
 from .config import ScaleConfig, Settings
@@ -183,7 +183,8 @@ def fig2_training(ctx: Context) -> dict:
         defense, step = key
         if defense == "soteria":
             shown = max(cfg.soteria_victims, cfg.fig3_victims)
-            scenario = trained_convbig(ctx, shown, runs[step], name=f"convbig-{step}")
+            shared = _shared_states(ctx, step)
+            scenario = trained_convbig(ctx, shown, runs[step], f"convbig-{step}", shared)
             return _soteria_rows(ctx, scenario, step)
         policy = defense.removeprefix("ats ")
         return [_ats_row(ctx, policy, ats(policy), step)]
@@ -235,6 +236,19 @@ def soteria_runs(ctx: Context) -> dict[int, dict[str, Any]]:
     per_epoch = steps_per_epoch(ctx, SOTERIA_STAND_IN)
     runs = {e * per_epoch: epoch_run(e, per_epoch) for e in cfg.soteria_epochs}
     return {**runs, cfg.fig3_step: stepwise_run(cfg.fig3_step)}
+
+
+def _shared_states(ctx: Context, step: int) -> dict[int, str]:
+    """The states the Soteria run of Fig. 2's point after ``step`` shares with the config's other
+    epoch runs (:func:`.bayes_training.shared_epochs`), by step, each named by the schedule
+    that leads to it; none for the step-wise run."""
+    per_epoch = steps_per_epoch(ctx, SOTERIA_STAND_IN)
+    epochs = ctx.config.soteria_epochs
+    if step % per_epoch or step // per_epoch not in epochs:
+        return {}
+    rates = epoch_rates(step // per_epoch)
+    return {k * per_epoch: "convbig-rates-" + "-".join(f"{r:g}" for r in rates[:k])
+            for k in shared_epochs(step // per_epoch, epochs)}  # fmt: skip
 
 
 def steps_per_epoch(ctx: Context, stand_in: str | None = None) -> int:

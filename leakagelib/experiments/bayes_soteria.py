@@ -56,7 +56,7 @@ from .bayes_training import stepwise_run
 from .bayes_work import fig5_work
 from .case import Case, build_case
 from .config import ScaleConfig
-from .kept import kept_run
+from .kept import keep_state, kept_run, kept_state
 from .registry import Context, experiment
 
 __all__ = [
@@ -172,7 +172,11 @@ def stand_in_note(ctx: Context) -> str | None:
 
 
 def trained_convbig(
-    ctx: Context, n: int, run: Mapping[str, Any], name: str = "convbig"
+    ctx: Context,
+    n: int,
+    run: Mapping[str, Any],
+    name: str = "convbig",
+    shared: Mapping[int, str] | None = None,
 ) -> tuple[Tensor, Tensor, Normalizer, TrainResult]:
     """The Soteria victims and ConvBig after one of the authors' training runs.
 
@@ -184,16 +188,33 @@ def trained_convbig(
     :func:`.bayes_training.epoch_run`, which say why). A command-line run keeps the
     trained network beside its partial record under ``name``
     (:func:`.kept.kept_run`), so a resumed Fig. 2 does not train an epoch run again.
+    ``shared`` names, by step, the states this run shares with others
+    (:func:`.bayes_training.shared_epochs`): it starts from the latest of them already kept
+    and keeps the others as it passes them.
     """
     images, labels, norm = _soteria_data(ctx, n, "test")
     train_x, train_y, _ = _soteria_data(ctx, None, "train")
     net = convbig(tuple(images.shape[1:]), ctx.config.hidden, seed=ctx.seed).to(ctx.device)
     inputs, targets = norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device)
+    data = {"x": inputs, "y": targets.double(), **net.state_dict()}
+    files = (
+        {} if ctx.partial is None else {s: ctx.partial.kept(f) for s, f in (shared or {}).items()}
+    )
+
+    def fit() -> TrainResult:
+        parts = [ctx.config.hidden, TRAIN_BATCH, ctx.seed]  # the state's name says its schedule
+        start = next(filter(None, (kept_state(files[s], parts=parts, data=data)
+                                   for s in sorted(files, reverse=True))), None)  # fmt: skip
+        later = [s for s in files if start is None or s > start.step]
+        result = train(net, inputs, targets, batch_size=TRAIN_BATCH, seed=ctx.seed,
+                       start=start, state_steps=later, **run)  # fmt: skip
+        for s, state in result.states.items():
+            keep_state(files[s], state, parts=parts, data=data)
+        return result
+
     trained = kept_run(
-        None if ctx.partial is None else ctx.partial.kept(name), net,
-        lambda: train(net, inputs, targets, batch_size=TRAIN_BATCH, seed=ctx.seed, **run),
-        parts=[ctx.config.hidden, TRAIN_BATCH, sorted(run.items()), ctx.seed],
-        data={"x": inputs, "y": targets.double(), **net.state_dict()},
+        None if ctx.partial is None else ctx.partial.kept(name), net, fit,
+        parts=[ctx.config.hidden, TRAIN_BATCH, sorted(run.items()), ctx.seed], data=data,
     )  # fmt: skip
     return images, labels, norm, trained
 

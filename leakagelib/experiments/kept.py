@@ -13,14 +13,15 @@ would differ, and an attack's checkpoint on it would be refused.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from torch import Tensor, nn
 
 from ..attacks.checkpoint import LoopCheckpoint, fingerprint
-from ..fl import TrainResult
+from ..fl import TrainResult, TrainState
 
-__all__ = ["kept_run", "kept_training"]
+__all__ = ["keep_state", "kept_run", "kept_state", "kept_training"]
 
 
 def kept_training(
@@ -75,3 +76,32 @@ def kept_run(
     state = {"weights": result.model.state_dict(), "losses": result.losses}
     checkpoint.tick(0, lambda: {**state, "snapshots": result.snapshots}, final=True)
     return result
+
+
+def kept_state(
+    checkpoint: LoopCheckpoint | None, *, parts: Sequence[Any], data: Mapping[str, Tensor]
+) -> TrainState | None:
+    """The training state (:class:`~leakagelib.fl.TrainState`) kept in ``checkpoint`` for the
+    training ``parts`` and ``data`` describe, as for :func:`kept_run`; ``None`` without one.
+
+    Fig. 2's Soteria runs whose schedules agree for some epochs continue from one another's
+    (:func:`.bayes_soteria.trained_convbig`).
+    """
+    if checkpoint is None:
+        return None
+    checkpoint.bind(fingerprint(list(parts), data), [])
+    saved = checkpoint.load()
+    return None if saved is None else TrainState(**saved["state"])
+
+
+def keep_state(
+    checkpoint: LoopCheckpoint | None,
+    state: TrainState,
+    *,
+    parts: Sequence[Any],
+    data: Mapping[str, Tensor],
+) -> None:
+    """Keep ``state`` in ``checkpoint`` for :func:`kept_state` (nothing without a checkpoint)."""
+    if checkpoint is not None:
+        checkpoint.bind(fingerprint(list(parts), data), [])
+        checkpoint.tick(0, lambda: {"state": asdict(state)}, final=True)
