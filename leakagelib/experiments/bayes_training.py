@@ -108,10 +108,10 @@ def stepwise_run(steps: int) -> dict[str, Any]:
 
 
 def shared_epochs(epochs: int, others: Iterable[int]) -> list[int]:
-    """The epochs (≥ 1) after which the run of ``epochs`` epochs stands where a run of another
-    of ``others`` epochs stands for the last time: their schedules (:func:`epoch_rates`) agree
-    that long and no longer. Runs with one seed on one data draw the same batches, so one such
-    run can continue from the other's state (:class:`leakagelib.fl.TrainState`) there. For
+    """For each run of ``others`` epochs, the number of first epochs (≥ 1) whose rates
+    (:func:`epoch_rates`) the run of ``epochs`` epochs shares with it, as a sorted list. Runs
+    with one seed on one data draw the same batches, so after those epochs both stand in one
+    state, and the later run can continue from the earlier's (:class:`leakagelib.fl.TrainState`). For
     Fig. 2's ten Soteria runs, trained in turn from the shortest, this trains 35 epochs
     instead of 55."""
     mine, points = epoch_rates(epochs), set()
