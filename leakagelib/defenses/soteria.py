@@ -37,7 +37,7 @@ from torch.autograd import forward_ad
 from ..attacks import AttackConfig, Prior, reconstruct
 from ..attacks.cosine import Cosine
 from ..attacks.likelihoods import Gaussian, LayerSelection, Likelihood
-from ..gradients import Update, client_update
+from ..gradients import Update, per_sample_updates
 from .base import GradientDefense, Objective, client_gradients, require
 
 __all__ = [
@@ -277,16 +277,21 @@ def _kept_layer_residuals(
     modules: dict[str, list[str]] = {}
     for name in names:
         modules.setdefault(name.rsplit(".", 1)[0], []).append(name)
-    device = images.device
+    count, device = images.shape[1], images.device
+    if images.shape[2] != 1:
+        raise ValueError(f"each update must hold one image, got {images.shape[2]}")
+
+    def flat(update: dict[str, Tensor], ps: list[str]) -> Tensor:  # N × the module's entries
+        return torch.cat([update[n].reshape(count, -1).to(device) for n in ps], dim=1)
+
+    shared = {module: flat(shared_update, ps) for module, ps in modules.items()}
     scores = torch.zeros(images.shape[:2], device=device)
-    for li, dropped in enumerate(layers):
-        kept = [ps for module, ps in modules.items() if not f"{module}.".startswith(f"{dropped}.")]
-        for i in range(images.shape[1]):
-            fit = client_update(model, images[li, i], labels[i].reshape(-1).to(device))
-            for ps in kept:
-                g = torch.cat([fit[n].flatten() for n in ps])
-                u = torch.cat([shared_update[n][i].flatten().to(device) for n in ps])
-                scores[li, i] += (g - u).pow(2).sum() / u.pow(2).sum().clamp_min(1e-30)
+    for li, dropped in enumerate(layers):  # one batched gradient per candidate's images
+        fit = per_sample_updates(model, images[li, :, 0], labels.reshape(count).to(device))
+        for module, ps in modules.items():
+            if not f"{module}.".startswith(f"{dropped}."):
+                g, u = flat(fit, ps), shared[module]
+                scores[li] += (g - u).pow(2).sum(1) / u.pow(2).sum(1).clamp_min(1e-30)
     return scores
 
 
