@@ -6,9 +6,10 @@
 # machine that does not outlast it loses that folder, and a unit longer than a session never
 # ends: a step-500 CIFAR-10 unit of Table 2 searches for 4-6 h on one thread of this
 # project's CPU (about 185 programs of 83-122 s). Its checkpoints are small: the finished
-# programs' scores (47 KB after 7 programs) and its trained network (1.7 MB). This stages, with `git add -f`, every file of such a folder up to MAX_MB
-# (default 16) and the removal of those the campaign deleted when their unit landed; a larger
-# file (Fig. 2's ConvBig training, 644 MB) stays on the machine and is trained again. A
+# programs' scores (313 KB after 37 programs) and its trained network (1.7 MB). This stages,
+# with `git add -f`, every file of such a folder up to MAX_MB (default 16) and the removal of
+# those the campaign deleted when their unit landed; a larger file (a trained ConvBig of
+# Fig. 2, 50 MB) stays on the machine and is trained again. A
 # checkpoint resumes only on the kind of device that saved it (a CPU's on a CPU).
 #
 # Usage, from the repository root, with the runs stopped (SIGTERM: they save first):

@@ -56,8 +56,8 @@ def fig5_chosen(rows: Sequence[dict]) -> dict[str, set[str]]:
     """Per defended layer, the layers the attack that does not know it chose, over the images.
 
     The claim (§5: "simply run the attack for all"): the candidate that best matches the
-    layers it reads (:func:`~leakagelib.defenses.layer_drop_attack`) finds the defended layer, ``{"fc1": {"fc1"}, "fc2": {"fc2"}}``. Checked with
-    either layer defended, since with ``fc1`` alone a rule that merely favoured
+    layers it reads (:func:`~leakagelib.defenses.layer_drop_attack`) finds the defended
+    layer, ``{"fc1": {"fc1"}, "fc2": {"fc2"}}``. Checked with either layer defended, since with ``fc1`` alone a rule that merely favoured
     the largest layer would pass.
     """
     chosen: dict[str, set[str]] = {}

@@ -33,8 +33,9 @@ def precode_network(in_shape: tuple[int, ...]) -> nn.Module:
     Five fully connected layers of 500, Linear(256), the PRECODE bottleneck
     (K = 256, its KL weighted as the authors' training weights it:
     :data:`.bayes_training.PRECODE_KL_WEIGHT_BITS`) at ``fc6``, Linear(500) and
-    the classifier of ten classes (``models.build("mlp")``'s documented configuration). Built here for
-    ``bayes/precode-mlp`` and for its declared work (:mod:`.bayes_work`).
+    the classifier of ten classes (``models.build("mlp")``'s documented
+    configuration). Built here for ``bayes/precode-mlp`` and for its declared
+    work (:mod:`.bayes_work`).
     """
     return models.build(
         "mlp", in_shape=in_shape, num_classes=10, widths=(500,) * 5 + (256, 500),
