@@ -13,36 +13,36 @@ one batched program. The chapter "Bayes versus heuristics under defenses"
 runs both, and Fig. 7 (:mod:`.bayes_mc_samples`), which shares their scenario.
 
 **ci scale.** The ci runs attack the data at their real resolutions: the
-embedded stand-ins ``digits28`` (1×28×28) for MNIST and ``patches``
-(3×32×32) for CIFAR-10, or a ``--data`` override as it is. Double
-back-propagation through ``bayes-cnn`` at those sizes costs about ten times
-more per image and step than on 8×8 thumbnails, so the ci budget (a few
-minutes on one CPU core) is spent where the paper's tables differ, on enough
-images for a paired comparison. Table 2 at ci runs prune + Gauss at training
-step 0 on both datasets: under plain Gaussian or Laplacian noise the Bayes
-attack is the ℓ2 or ℓ1 attack up to a constant factor (a unit test shows the
-identical iterates), so those cells wait for the paper scale, as does prune +
-Laplace, which makes the same point; Table 5 (the same victims, MNIST after
-500 training steps) supplies the ℓ2 attack's step-500 cell. Table 2's own
+embedded stand-ins ``digits28`` (1×28×28) for MNIST and ``patches`` (3×32×32)
+for CIFAR-10, or a ``--data`` override as it is. Double back-propagation
+through ``bayes-cnn`` at those sizes costs about ten times more per image and
+step than on 8×8 thumbnails, so the ci budget (a few minutes on one CPU core)
+is spent where the paper's tables differ, on enough images for a paired
+comparison. Table 2 at ci runs prune + Gauss at training step 0 on both
+datasets: under plain Gaussian or Laplacian noise the Bayes attack is the ℓ2
+or ℓ1 attack up to a constant factor (a unit test shows the identical
+iterates), so those cells wait for the paper scale, as does prune + Laplace,
+which makes the same point; Table 5 (the same victims, MNIST after 500
+training steps) supplies the ℓ2 attack's step-500 cell. Table 2's own
 step-500 cells were tried at ci and left to the paper scale, because the ci
 search cannot resolve them (2026-12-01, prune + Gauss, seeds 0–2): with β
-widened to 10⁻⁶…10³ (on the six powers below the Bayes attack's choice sat
-at their edge, 1, at step 500 on MNIST for seed 0; widened, it chose 10), the Bayes
-attack's paired lead at step 500 changed sign with the seed on both
-stand-ins — against cosine from +1.1 to −1.5 dB with 16 victims, against
-ℓ2 from +1.9 to −0.7 dB on the patches — with 8 or 16 victims, 25 or 50
-steps, one or two tuning victims, while at step 0 its mean lead was
-1.3–7.4 dB with every interval above zero. One tuning victim and a constant
-β choose poorly once training has shrunk the gradients under the noise; the
-paper-scale record, with A.3's search on ten tuning victims and 100 scored
-ones, shows the step-500 lead in its MNIST cells. Eight victims, 25 attack steps (the learning
-rate decays by 0.94 per step, to a fifth of its start by step 25, so the
-rest of the paper's 200 steps move little) and β on six powers of ten,
+widened to 10⁻⁶…10³ (on the six powers below the Bayes attack's choice sat at
+their edge, 1, at step 500 on MNIST for seed 0; widened, it chose 10), the
+Bayes attack's paired lead at step 500 changed sign with the seed on both
+stand-ins — against cosine from +1.1 to −1.5 dB with 16 victims, against ℓ2
+from +1.9 to −0.7 dB on the patches — with 8 or 16 victims, 25 or 50 steps,
+one or two tuning victims, while at step 0 its mean lead was 1.3–7.4 dB with
+every interval above zero. One tuning victim and a constant β choose poorly
+once training has shrunk the gradients under the noise; the paper-scale
+record, with A.3's search on ten tuning victims and 100 scored ones, shows
+the step-500 lead in its MNIST cells. Eight victims, 25 attack steps (the
+learning rate decays by 0.94 per step, to a fifth of its start by step 25, so
+the rest of the paper's 200 steps move little) and β on six powers of ten,
 which hold the best β of each attack at step 0 on both stand-ins (10⁻⁵ for
-cosine up to 1 for Bayes; widened to 10⁻⁶…10³, every attack chose as
-before on seed 0), held constant: a reduced search, with
-neither the linear refinement, the grid nor the annealed prior weight. Each
-attack is tuned on one victim, and Table 2's cosine is one cosine per victim.
+cosine up to 1 for Bayes; widened to 10⁻⁶…10³, every attack chose as before
+on seed 0), held constant: a reduced search, with neither the linear
+refinement, the grid nor the annealed prior weight. Each attack is tuned on
+one victim, and Table 2's cosine is one cosine per victim.
 
 **paper scale.** The authors' tuners (:func:`~.bayes_scenario.tuners`):
 the heuristic one with its 480-setting grid for ℓ2, ℓ1 and cosine, the Bayes
