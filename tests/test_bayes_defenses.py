@@ -22,7 +22,10 @@ from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
 from leakagelib.experiments.bayes_defenses import (
     FIG2,
+    NETWORK,
     _shared_states,
+    curve_rows,
+    record_networks,
     record_pictures,
     soteria_runs,
     soteria_steps,
@@ -152,6 +155,16 @@ def test_fig2_rows_follow_the_config() -> None:
     assert torch.tensor(out["figure6"][0]["reconstruction"]).shape == (1, 3, 32, 32)  # the curve's
     patches_epoch = 2 / steps_per_epoch(Context(scale="ci", settings=FIG2))
     assert [r["epoch"] for r in out["rows"][:2]] == [0.0, patches_epoch] and patches_epoch < 1
+    # after each Soteria point, how closely its ConvBig fits what it trained on and the victims
+    networks = out["networks"]
+    assert [(n["defense"], n["step"]) for n in networks] == [(NETWORK, 0), (NETWORK, 2)]
+    trained_on = split_size(Context(scale="ci", settings=FIG2), "cifar10", "train", "digits28")
+    for n in networks:
+        assert n["train_images"] == trained_on and 0.0 <= n["train_accuracy"] <= 1.0
+        assert n["train_loss"] > 0 and n["victim_loss"] > 0 and 0.0 <= n["victim_accuracy"] <= 1.0
+    # untrained, a ten-class ConvBig is near chance: the loss near ln 10
+    assert abs(networks[0]["train_loss"] - math.log(10)) < 0.1
+    assert networks[0]["epoch"] == 0.0 and networks[1]["epoch"] == out["rows"][4]["epoch"]
     assert FIG2.paper["train_steps"][:4] == (0, 1, 2, 5) and FIG2.paper["train_steps"][-1] == 1000
     assert FIG2.paper["fig6_steps"] == (5, 10, 20, 50) and FIG2.paper["ats_attack_steps"] == 2000
     assert set(FIG2.paper["fig6_steps"]) <= set(FIG2.paper["train_steps"])
@@ -174,6 +187,21 @@ def test_record_pictures_of_a_finished_and_of_a_pending_record() -> None:
     finished = {"rows": [], "figure3": {"soteria": pics}, "figure6": [{"step": 5, **pics}]}
     assert record_pictures(finished) == (finished["figure3"], finished["figure6"])
     assert record_pictures(None) == ({}, []) == record_pictures({"rows": rows[3:]})
+
+
+def test_a_pending_fig2_record_keeps_its_network_rows_apart_from_the_curves() -> None:
+    """A pending record's rows hold its network units' rows beside the curves' (one list of
+    unit rows); a finished record keeps them as ``networks``: both read alike."""
+    curve = [{"defense": "soteria", "step": 10, "psnr": 20.0},
+             {"defense": "soteria (direct attack)", "step": 10, "psnr": 10.0}]  # fmt: skip
+    nets = [{"defense": NETWORK, "step": 1562, "train_accuracy": 0.2},
+            {"defense": NETWORK, "step": 10, "train_accuracy": 0.1}]  # fmt: skip
+    pending = {"rows": [curve[0], nets[0], curve[1], nets[1]]}
+    assert curve_rows(pending) == curve
+    assert [n["step"] for n in record_networks(pending)] == [10, 1562]
+    finished = {"rows": curve, "networks": sorted(nets, key=lambda n: n["step"])}
+    assert curve_rows(finished) == curve and record_networks(finished) == record_networks(pending)
+    assert curve_rows(None) == [] == record_networks(None) == record_networks({"rows": curve})
 
 
 def test_soteria_is_attacked_after_each_epoch_and_at_fig3s_step() -> None:

@@ -10,9 +10,10 @@ definition of each claim serves both.
 :func:`table2_against_paper` and :func:`table5_against_paper` set a
 paper-scale record of Tables 2 and 5 beside the paper's numbers, with
 intervals over its images, and :func:`fig2_record_text` reads Fig. 2's record
-in words; :func:`table2_misses` lists where Table 2's
-record and the paper disagree; :func:`table2_rerun_gains` what a re-run under way
-changes against the record, image by image.
+in words (:func:`fig2_network_text` what its Soteria networks had learned);
+:func:`table2_misses` lists where Table 2's record and the paper disagree;
+:func:`table2_rerun_gains` what a re-run under way changes against the record,
+image by image.
 """
 
 from __future__ import annotations
@@ -117,6 +118,47 @@ def fig2_record_text(rows: Sequence[dict], note: str, fig3_step: int) -> str:
     if not parts:
         return "No unit of the paper-scale record has been made yet."
     return f"In the paper-scale record{note}, " + "; ".join(parts) + "."
+
+
+#: The share of its training images a network classifies right from which
+#: :func:`fig2_network_text` says it has memorised them.
+MEMORISED = 0.99
+
+
+def fig2_network_text(networks: Sequence[dict], epoch_images: int) -> str:
+    """The chapter's sentence on how closely the Soteria networks of Fig. 2's record fit what
+    they trained on (``networks``: :func:`~.bayes_defenses.record_networks`, the trained ones
+    read): after each training run its mean loss and accuracy on its training images against
+    its loss on the victims, and from which epoch on it classifies at least :data:`MEMORISED`
+    of its training images right, where the paper's networks see each of ``epoch_images``
+    images once an epoch. Numbers read, never typed."""
+    trained = [n for n in networks if n["step"] > 0]
+    if not trained:
+        return "The record has not measured what its Soteria networks learned yet."
+
+    def when(n: dict) -> str:
+        epoch = n["epoch"]
+        return f"epoch {epoch:.0f}" if epoch >= 1 and epoch == round(epoch) else f"step {n['step']}"
+
+    fits = "; ".join(
+        f"after {when(n)}, {n['train_loss']:.3g} ({100 * n['train_accuracy']:.0f} %) and "
+        f"{n['victim_loss']:.3g}"
+        for n in trained
+    )
+    text = (
+        f"The record's Soteria networks train on {trained[0]['train_images']:,d} images, cycled. "
+        "Their mean cross-entropy on those images (with the share they classify right) and on "
+        f"the victims: {fits}."
+    )
+    memorised = [n for n in trained if n["train_accuracy"] >= MEMORISED]
+    if memorised:
+        text += (
+            f" From {when(memorised[0])} on, the record's network has memorised its "
+            f"{memorised[0]['train_images']:,d} training images. The paper's networks see each of "
+            f"{epoch_images:,d} images once an epoch, so the record's Soteria points from there "
+            "on attack a different kind of network and do not measure the paper's curve."
+        )
+    return text
 
 
 def table5_against_paper(rows: Sequence[dict], reference: Sequence[dict]) -> dict[str, dict]:

@@ -47,6 +47,7 @@ from .bayes_soteria import (
     SOTERIA_SOURCES,
     SOTERIA_STAND_IN,
     TRAIN_BATCH,
+    convbig_fit,
     psnr_summary,
     soteria_attacks,
     stand_in_note,
@@ -61,12 +62,20 @@ from .work import split_size
 
 __all__ = [
     "FIG2",
+    "NETWORK",
+    "curve_rows",
     "fig2_training",
+    "record_networks",
     "record_pictures",
     "soteria_runs",
     "soteria_steps",
     "steps_per_epoch",
 ]
+
+#: The ``defense`` of the rows that say how closely each Soteria network of Fig. 2 fits its
+#: training images and the victims (:func:`~.bayes_soteria.convbig_fit`); a finished record keeps
+#: them as its ``networks`` (:func:`record_networks`), apart from the curve's rows.
+NETWORK = "soteria network"
 
 FIG2 = ScaleConfig(
     ci={
@@ -155,7 +164,10 @@ def fig2_training(ctx: Context) -> dict:
     layer-drop attack, the direct attack alongside, after each of
     :func:`soteria_steps` (the steps that end ``soteria_epochs``, and
     ``fig3_step``). One unit per (defense, training step): ATS's
-    ``("ats 7-4-15", 10)``, ...; Soteria's ``("soteria", 10)``, .... Every
+    ``("ats 7-4-15", 10)``, ...; Soteria's ``("soteria", 10)``, ..., each
+    followed by ``("soteria network", 10)``, ..., which measures how closely
+    that ConvBig fits its training images and the victims (a pass over them,
+    on the network the Soteria unit kept). Every
     network trains as the authors' did (:mod:`.bayes_training`): each ATS
     policy's ConvNet once, in the step-wise run whose steps its units attack;
     Soteria's ConvBig once per point (:func:`soteria_runs`), in its unit. Rows:
@@ -167,7 +179,9 @@ def fig2_training(ctx: Context) -> dict:
     ``fig3_step`` steps (Fig. 3: ``fig3_victims`` images, attacked at that step
     only; the row's PSNR stays over the curve's victims); ``figure6``, for the first ATS policy, one
     entry per step of ``fig6_steps`` (``step``, ``original``,
-    ``reconstruction``: Fig. 6); images as lists. At ci the ATS attack's 50
+    ``reconstruction``: Fig. 6); ``networks``, per Soteria step in order, its
+    network's fit (``step``, ``epoch`` and the fields of
+    :func:`~.bayes_soteria.convbig_fit`); images as lists. At ci the ATS attack's 50
     iterations only exercise the pipeline. The paper plots Fig. 2 without
     numbers, so there are no reference rows. Data: ``cifar10`` (``patches``
     at ci, ``digits28`` for the Soteria victims: see :mod:`.bayes_soteria`).
@@ -181,16 +195,20 @@ def fig2_training(ctx: Context) -> dict:
 
     def unit(key: tuple[str, int]) -> list[dict]:
         defense, step = key
-        if defense == "soteria":
+        if defense in ("soteria", NETWORK):
             shown = max(cfg.soteria_victims, cfg.fig3_victims)
             shared = _shared_states(ctx, step)
             scenario = trained_convbig(ctx, shown, runs[step], f"convbig-{step}", shared)
+            if defense == NETWORK:  # the network the Soteria unit before it kept, read back
+                return [_network_row(ctx, scenario, step)]
             return _soteria_rows(ctx, scenario, step)
         policy = defense.removeprefix("ats ")
         return [_ats_row(ctx, policy, ats(policy), step)]
 
     keys = [(f"ats {p}", s) for p in cfg.ats_policies for s in cfg.train_steps]
-    rows = ctx.units(keys + [("soteria", s) for s in sorted(runs)], unit, "Fig. 2")
+    keys += [(d, s) for s in sorted(runs) for d in ("soteria", NETWORK)]
+    found = ctx.units(keys, unit, "Fig. 2")
+    rows = curve_rows({"rows": found})
     note = stand_in_note(ctx)
     extras = ("figure3", "figure6")
     figure3, figure6 = record_pictures({"rows": rows})
@@ -198,6 +216,7 @@ def fig2_training(ctx: Context) -> dict:
         "rows": [_with_epoch(ctx, {k: v for k, v in r.items() if k not in extras}) for r in rows],
         "figure3": figure3,
         "figure6": figure6,
+        "networks": [_with_epoch(ctx, r) for r in record_networks({"rows": found})],
         "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
     }
 
@@ -214,6 +233,23 @@ def record_pictures(record: dict[str, Any] | None) -> tuple[dict[str, dict], lis
     figure6 = record.get("figure6") or [{"step": r["step"], **r["figure6"]} for r in rows
                                         if "figure6" in r]  # fmt: skip
     return figure3, sorted(figure6, key=lambda e: e["step"])
+
+
+def curve_rows(record: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rows of Fig. 2's curves in a record of ``bayes/fig2-training``: all of a finished
+    record's; of a pending one (:func:`leakagelib.reporting.results_record`), those of its
+    finished units but the :data:`NETWORK` rows, which a finished record keeps apart."""
+    return [r for r in (record or {}).get("rows", []) if r["defense"] != NETWORK]
+
+
+def record_networks(record: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """How closely each Soteria network of a ``bayes/fig2-training`` record fits its training
+    images and the victims, in step order: a finished record's ``networks``, a pending one's
+    :data:`NETWORK` rows (empty for records made before these units existed). The chapter
+    "Breaking heuristic defenses" reads them beside the record's Soteria curve."""
+    record = record or {}
+    found = record.get("networks") or [r for r in record.get("rows", []) if r["defense"] == NETWORK]
+    return sorted(found, key=lambda e: e["step"])
 
 
 def soteria_steps(ctx: Context) -> tuple[int, ...]:
@@ -354,6 +390,17 @@ def _soteria_rows(
             psnr = victims.score_images(recon)[: cfg.soteria_victims]
             rows.append(_with_epoch(ctx, _curve_row(name, step, psnr, shown, recon, cfg)))
     return rows
+
+
+def _network_row(
+    ctx: Context, scenario: tuple[Tensor, Tensor, Normalizer, TrainResult], step: int
+) -> dict[str, Any]:
+    """The :data:`NETWORK` row after ``step`` training steps: how closely that ConvBig fits
+    its training images and the curve's victims (:func:`~.bayes_soteria.convbig_fit`)."""
+    images, labels, norm, trained = scenario
+    n = ctx.config.soteria_victims
+    fit = convbig_fit(ctx, trained.model, images[:n], labels[:n], norm)
+    return _with_epoch(ctx, {"defense": NETWORK, "step": step, **fit})
 
 
 def _curve_row(

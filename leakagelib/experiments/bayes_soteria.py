@@ -50,7 +50,7 @@ from .. import models
 from ..attacks import Attack, TotalVariation, preset
 from ..data import Dataset, Normalizer
 from ..defenses import GradientDefense, Soteria, layer_drop_attack
-from ..fl import TrainResult, train
+from ..fl import TrainResult, evaluate, train
 from ..records import image_lists
 from .bayes_training import stepwise_run
 from .bayes_work import fig5_work
@@ -68,6 +68,7 @@ __all__ = [
     "SOTERIA_STAND_IN",
     "TRAIN_BATCH",
     "convbig",
+    "convbig_fit",
     "fig5_soteria_layers",
     "psnr_summary",
     "soteria_attacks",
@@ -217,6 +218,35 @@ def trained_convbig(
         parts=[ctx.config.hidden, TRAIN_BATCH, sorted(run.items()), ctx.seed], data=data,
     )  # fmt: skip
     return images, labels, norm, trained
+
+
+def convbig_fit(
+    ctx: Context, model: nn.Module, images: Tensor, labels: Tensor, norm: Normalizer
+) -> dict[str, float]:
+    """How closely a trained ConvBig fits its training split and the victims ``images`` (in [0, 1]).
+
+    Each set's mean cross-entropy and accuracy in eval mode (:func:`leakagelib.fl.evaluate`),
+    and how many images the network trained on. At paper scale on the shared 500-image CIFAR-10
+    sample, Fig. 2's networks cycle through its 400 training images, where the paper's see
+    each of CIFAR-10's 50,000 once an epoch; the training fit shows from which epoch on a
+    network has memorised what it trained on (the chapter "Breaking heuristic defenses" reads
+    it from the record of ``bayes/fig2-training``).
+    """
+    train_x, train_y, _ = _soteria_data(ctx, None, "train")
+    device = next(model.parameters()).device
+    train_loss, train_accuracy = evaluate(
+        model, norm.normalize(train_x).to(device), train_y.to(device)
+    )
+    victim_loss, victim_accuracy = evaluate(
+        model, norm.normalize(images).to(device), labels.to(device)
+    )
+    return {
+        "train_images": len(train_y),
+        "train_loss": train_loss,
+        "train_accuracy": train_accuracy,
+        "victim_loss": victim_loss,
+        "victim_accuracy": victim_accuracy,
+    }
 
 
 def soteria_case(

@@ -51,7 +51,7 @@ from ..attacks.search import stage_sizes
 from ..defenses import GaussianNoise, GradientDefense
 from .bayes_scenario import NUM_CLASSES, make_defense, table2_attacks, tuners
 from .registry import Context
-from .work import Load, Net, Objective, image_shape
+from .work import Load, Net, Objective, image_shape, split_size
 
 __all__ = [
     "bayes_cnn_net",
@@ -221,9 +221,11 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
     """``bayes/fig2-training``: per ATS policy its ConvNet's training (in its first unit) and per
     step Inverting Gradients on its victims; then per Soteria step ConvBig's own training run
     (:func:`.bayes_defenses.soteria_runs`), Soteria's fit on ``fc1`` and the layer-drop and
-    direct attacks together; at Fig. 3's step each defense attacks ``fig3_victims`` images if more."""
+    direct attacks together, and after it the unit that measures that network's fit: one pass
+    over its training split and the victims (the network the Soteria unit kept); at Fig. 3's
+    step each defense attacks ``fig3_victims`` images if more."""
     from .bayes_defenses import soteria_runs
-    from .bayes_soteria import TRAIN_BATCH
+    from .bayes_soteria import SOTERIA_STAND_IN, TRAIN_BATCH
 
     cfg = ctx.config
     steps, longest = cfg.train_steps, max(cfg.train_steps)
@@ -247,6 +249,7 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
         for i, step in enumerate(steps)
     ]
     net, model = _soteria_net(ctx)
+    trained_on = split_size(ctx, "cifar10", "train", SOTERIA_STAND_IN)
     for step, run in sorted(soteria_runs(ctx).items()):
         n = victims(cfg.soteria_victims, step)
         units.append([
@@ -254,6 +257,7 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
             _soteria_fit(net, model, "fc1.linear", n),
             Load(net, "attack", 2 * n, cfg.attack_steps),
         ])  # fmt: skip
+        units.append([Load(net, "forward", trained_on + cfg.soteria_victims)])
     return units
 
 
