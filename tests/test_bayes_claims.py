@@ -128,8 +128,7 @@ def test_fig2_records_sentence_reads_what_the_record_has():
 
 def test_fig2_network_sentence_says_from_when_the_record_has_memorised_its_images():
     """What Fig. 2's Soteria networks learned, read off the record: nothing measured yet; each
-    trained network's fit; and the first epoch at which it classifies its training images right,
-    where the paper's networks see CIFAR-10's whole split once an epoch."""
+    trained network's fit; and the first epoch at which it classifies its training images right."""
 
     def net(step, epoch, loss, accuracy, victims):
         return {"defense": "soteria network", "step": step, "epoch": epoch, "train_images": 400,
@@ -138,17 +137,17 @@ def test_fig2_network_sentence_says_from_when_the_record_has_memorised_its_image
 
     text = bayes_claims.fig2_network_text
     untrained = [net(0, 0.0, 2.3, 0.1, 2.3)]
-    assert text([], 50_000) == text(untrained, 50_000)
-    assert "not measured" in text([], 50_000)
+    assert text([]) == text(untrained)
+    assert "not measured" in text([])
     learning = untrained + [net(10, 10 / 1562, 2.302, 0.1, 2.3), net(1562, 1.0, 2.257, 0.2, 2.27)]
-    assert text(learning, 50_000) == (
+    assert text(learning) == (
         "The record's Soteria networks train on 400 images, cycled. Their mean cross-entropy on "
         "those images (with the share they classify right) and on the victims: after step 10, "
         "2.3 (10 %) and 2.3; after epoch 1, 2.26 (20 %) and 2.27."
     )
     memorised = learning + [net(3124, 2.0, 0.001, 1.0, 7.99), net(4686, 3.0, 0.006, 0.995, 3.7)]
-    said = text(memorised, 50_000)
+    said = text(memorised)
     assert "after epoch 2, 0.001 (100 %) and 7.99; after epoch 3, 0.006 (100 %) and 3.7." in said
-    assert "From epoch 2 on, the record's network has memorised its 400 training images." in said
-    assert "each of 50,000 images once an epoch" in said
-    assert "memorised" not in text(learning, 50_000)
+    assert "From epoch 2 on, the record's network has memorised its 400 training images, " in said
+    assert said.endswith("attack a network unlike the paper's and do not measure its curve.")
+    assert "memorised" not in text(learning)

@@ -125,13 +125,14 @@ def fig2_record_text(rows: Sequence[dict], note: str, fig3_step: int) -> str:
 MEMORISED = 0.99
 
 
-def fig2_network_text(networks: Sequence[dict], epoch_images: int) -> str:
+def fig2_network_text(networks: Sequence[dict]) -> str:
     """The chapter's sentence on how closely the Soteria networks of Fig. 2's record fit what
     they trained on (``networks``: :func:`~.bayes_defenses.record_networks`, the trained ones
     read): after each training run its mean loss and accuracy on its training images against
     its loss on the victims, and from which epoch on it classifies at least :data:`MEMORISED`
-    of its training images right, where the paper's networks see each of ``epoch_images``
-    images once an epoch. Numbers read, never typed."""
+    of its training images right (the paper's networks see each of CIFAR-10's training images
+    once an epoch, so a record made on a few hundred of them is not the paper's from there
+    on). Numbers read, never typed."""
     trained = [n for n in networks if n["step"] > 0]
     if not trained:
         return "The record has not measured what its Soteria networks learned yet."
@@ -154,9 +155,8 @@ def fig2_network_text(networks: Sequence[dict], epoch_images: int) -> str:
     if memorised:
         text += (
             f" From {when(memorised[0])} on, the record's network has memorised its "
-            f"{memorised[0]['train_images']:,d} training images. The paper's networks see each of "
-            f"{epoch_images:,d} images once an epoch, so the record's Soteria points from there "
-            "on attack a different kind of network and do not measure the paper's curve."
+            f"{memorised[0]['train_images']:,d} training images, so the record's Soteria points "
+            "from there on attack a network unlike the paper's and do not measure its curve."
         )
     return text
 
