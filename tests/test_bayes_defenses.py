@@ -22,14 +22,16 @@ from leakagelib.defenses import Soteria
 from leakagelib.experiments import Context, ScaleConfig, build_case
 from leakagelib.experiments.bayes_defenses import (
     FIG2,
-    NETWORK,
     _shared_states,
-    curve_rows,
-    record_networks,
-    record_pictures,
     soteria_runs,
     soteria_steps,
     steps_per_epoch,
+)
+from leakagelib.experiments.bayes_fig2_records import (
+    NETWORK,
+    curve_rows,
+    record_networks,
+    record_pictures,
 )
 from leakagelib.experiments.bayes_soteria import (
     FIG5,

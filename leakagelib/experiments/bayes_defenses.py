@@ -41,6 +41,7 @@ from ..data import Normalizer
 from ..defenses import ATSAugmentation, Soteria
 from ..fl import TrainResult, train
 from ..records import image_lists
+from .bayes_fig2_records import NETWORK, curve_rows, record_networks, record_pictures
 from .bayes_soteria import (
     SOTERIA_CI,
     SOTERIA_PAPER,
@@ -62,20 +63,11 @@ from .work import split_size
 
 __all__ = [
     "FIG2",
-    "NETWORK",
-    "curve_rows",
     "fig2_training",
-    "record_networks",
-    "record_pictures",
     "soteria_runs",
     "soteria_steps",
     "steps_per_epoch",
 ]
-
-#: The ``defense`` of the rows that say how closely each Soteria network of Fig. 2 fits its
-#: training images and the victims (:func:`~.bayes_soteria.convbig_fit`); a finished record keeps
-#: them as its ``networks`` (:func:`record_networks`), apart from the curve's rows.
-NETWORK = "soteria network"
 
 FIG2 = ScaleConfig(
     ci={
@@ -207,7 +199,12 @@ def fig2_training(ctx: Context) -> dict:
 
     keys = [(f"ats {p}", s) for p in cfg.ats_policies for s in cfg.train_steps]
     keys += [(d, s) for s in sorted(runs) for d in ("soteria", NETWORK)]
-    found = ctx.units(keys, unit, "Fig. 2")
+    return _fig2_record(ctx, ctx.units(keys, unit, "Fig. 2"))
+
+
+def _fig2_record(ctx: Context, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fig. 2's record from the rows of all its units (``found``, in order): the curves' rows,
+    with Fig. 3's and Fig. 6's pictures and the Soteria networks' fit in entries of their own."""
     rows = curve_rows({"rows": found})
     note = stand_in_note(ctx)
     extras = ("figure3", "figure6")
@@ -219,37 +216,6 @@ def fig2_training(ctx: Context) -> dict:
         "networks": [_with_epoch(ctx, r) for r in record_networks({"rows": found})],
         "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
     }
-
-
-def record_pictures(record: dict[str, Any] | None) -> tuple[dict[str, dict], list[dict]]:
-    """Fig. 3's pictures (defense → ``original``, ``reconstruction``) and Fig. 6's (one entry
-    per step, in order) in a record of ``bayes/fig2-training``: a finished record keeps them
-    beside its rows, a pending one (:func:`leakagelib.reporting.results_record`) in the rows of
-    its finished units; empty where it has none yet. The chapter "Breaking heuristic defenses"
-    shows the paper-scale record's beside its own run's."""
-    record = record or {}
-    rows = record.get("rows", [])
-    figure3 = record.get("figure3") or {r["defense"]: r["figure3"] for r in rows if "figure3" in r}
-    figure6 = record.get("figure6") or [{"step": r["step"], **r["figure6"]} for r in rows
-                                        if "figure6" in r]  # fmt: skip
-    return figure3, sorted(figure6, key=lambda e: e["step"])
-
-
-def curve_rows(record: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The rows of Fig. 2's curves in a record of ``bayes/fig2-training``: all of a finished
-    record's; of a pending one (:func:`leakagelib.reporting.results_record`), those of its
-    finished units but the :data:`NETWORK` rows, which a finished record keeps apart."""
-    return [r for r in (record or {}).get("rows", []) if r["defense"] != NETWORK]
-
-
-def record_networks(record: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """How closely each Soteria network of a ``bayes/fig2-training`` record fits its training
-    images and the victims, in step order: a finished record's ``networks``, a pending one's
-    :data:`NETWORK` rows (empty for records made before these units existed). The chapter
-    "Breaking heuristic defenses" reads them beside the record's Soteria curve."""
-    record = record or {}
-    found = record.get("networks") or [r for r in record.get("rows", []) if r["defense"] == NETWORK]
-    return sorted(found, key=lambda e: e["step"])
 
 
 def soteria_steps(ctx: Context) -> tuple[int, ...]:
@@ -395,8 +361,9 @@ def _soteria_rows(
 def _network_row(
     ctx: Context, scenario: tuple[Tensor, Tensor, Normalizer, TrainResult], step: int
 ) -> dict[str, Any]:
-    """The :data:`NETWORK` row after ``step`` training steps: how closely that ConvBig fits
-    its training images and the curve's victims (:func:`~.bayes_soteria.convbig_fit`)."""
+    """The :data:`~.bayes_fig2_records.NETWORK` row after ``step`` training steps: how closely
+    that ConvBig fits its training images and the curve's victims
+    (:func:`~.bayes_soteria.convbig_fit`)."""
     images, labels, norm, trained = scenario
     n = ctx.config.soteria_victims
     fit = convbig_fit(ctx, trained.model, images[:n], labels[:n], norm)
