@@ -127,7 +127,7 @@ MEMORISED = 0.99
 
 def fig2_network_text(networks: Sequence[dict]) -> str:
     """The chapter's sentence on how closely the Soteria networks of Fig. 2's record fit what
-    they trained on (``networks``: :func:`~.bayes_defenses.record_networks`, the trained ones
+    they trained on (``networks``: :func:`~.bayes_fig2_records.record_networks`, the trained ones
     read): after each training run its mean loss and accuracy on its training images against
     its loss on the victims, and from which epoch on it classifies at least :data:`MEMORISED`
     of its training images right (the paper's networks see each of CIFAR-10's training images
