@@ -50,6 +50,7 @@ __all__ = [
     "scenario",
     "summarise_table2",
     "table2_attacks",
+    "training_pool",
     "tune",
     "tuners",
 ]
@@ -183,7 +184,14 @@ def table2_attacks(
 
 
 def scenario(
-    ctx: Context, logical: str, train_step: int, n: int, *, defense: str | None = None
+    ctx: Context,
+    logical: str,
+    train_step: int,
+    n: int,
+    *,
+    defense: str | None = None,
+    pool: float = 1.0,
+    seed: int | None = None,
 ) -> tuple[nn.Module, Dataset]:
     """``bayes-cnn`` (seeded LeCun-normal init) trained for ``train_step`` steps, and ``n`` victims.
 
@@ -200,29 +208,46 @@ def scenario(
     300 and 3,900 images, where the paper's victims and training come from the
     training sets; the chapter counts the paper's own sampling error for that
     when it sets the records beside the paper (:func:`.bayes_claims.table2_misses`).
-    A command-line run keeps the trained network (:func:`~.kept.kept_training`),
-    so that a unit killed in its attacks resumes them on the same update.
+    ``pool`` keeps that share of the shuffled training images (the first of them), and
+    ``seed`` (default: the run's) draws the initialisation, the shuffle, the training order
+    and the training noise: :mod:`.bayes_pool` varies both. A command-line run keeps the
+    trained network (:func:`~.kept.kept_training`), so that a unit killed in its attacks
+    resumes them on the same update.
     """
-    cfg = ctx.config
+    cfg, net_seed = ctx.config, ctx.seed if seed is None else seed
     victims = ctx.dataset(logical, n, split="train", shuffle=False)
-    torch.manual_seed(ctx.seed)
+    torch.manual_seed(net_seed)
     model = build("bayes-cnn", tuple(victims.images.shape[1:]), NUM_CLASSES)
     if train_step > 0:
         if cfg.train_defended and defense is None:
             raise ValueError("train_defended: name the defense the step-500 network trains under")
-        noise = make_defense(defense, seed=ctx.seed) if cfg.train_defended else None
-        pool = ctx.dataset(logical, split="train", shuffle=True)
-        keep = ~torch.isin(pool.indices, victims.indices)
-        images, labels = pool.images[keep], pool.labels[keep]
+        noise = make_defense(defense, seed=net_seed) if cfg.train_defended else None
+        images, labels = training_pool(ctx, logical, victims, pool=pool, seed=net_seed)
         inputs, start = victims.normalizer.normalize(images), model
         model = kept_training(
             ctx.checkpoint(), start,
             lambda: fl.train(start, inputs, labels, steps=train_step, batch_size=cfg.train_batch,
-                             lr=cfg.train_lr, defense=noise, seed=ctx.seed).model,
-            parts=[cfg, logical, train_step, defense], data={"x": inputs, "y": labels.double(),
-                                                             **start.state_dict()},
+                             lr=cfg.train_lr, defense=noise, seed=net_seed).model,
+            parts=[cfg, logical, train_step, defense, *([] if seed is None else [seed])],
+            data={"x": inputs, "y": labels.double(), **start.state_dict()},
         )  # fmt: skip
     return model.to(ctx.device).eval(), victims
+
+
+def training_pool(
+    ctx: Context, logical: str, victims: Dataset, *, pool: float = 1.0, seed: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """The images and labels a "step 500" network trains on (:func:`scenario`): the training
+    split without ``victims``, shuffled with ``seed`` (default: the run's), its first ``pool``
+    share (raises ``ValueError`` outside (0, 1])."""
+    if not 0.0 < pool <= 1.0:
+        raise ValueError(f"pool = {pool}: the share of the training images must be in (0, 1]")
+    shuffled = ctx.dataset(
+        logical, split="train", shuffle=True, seed=ctx.seed if seed is None else seed
+    )
+    keep = ~torch.isin(shuffled.indices, victims.indices)
+    size = round(pool * int(keep.sum()))
+    return shuffled.images[keep][:size], shuffled.labels[keep][:size]
 
 
 def tuners(

@@ -58,7 +58,9 @@ their tuners score. Table 5 tunes on one victim (:func:`table5_priors`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, replace
+from typing import Any
 
 from .. import records
 from ..attacks import PixelRange, Prior, TotalVariation, preset
@@ -78,7 +80,7 @@ from .case import Case, build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["SHOWN", "TABLE2", "TABLE5", "table2", "table5_priors"]
+__all__ = ["SHOWN", "TABLE2", "TABLE5", "cell_offsets", "table2", "table5_priors"]
 
 #: ci: eight victims, 25 attack steps, a constant β on a coarse log grid only (module docstring);
 #: paper: the authors' tuners (:func:`~.bayes_scenario.tuners`). Table 2 tunes on ten victims at
@@ -175,6 +177,19 @@ def _per_attack(table: dict[tuple[str, str, int], tuple[float, ...]]) -> list[di
     ]
 
 
+def cell_offsets(
+    cells: Mapping[str, Any], dataset: str, step: int, defense: str
+) -> tuple[int, int]:
+    """The generator offsets of Table 2's cell (``dataset``, ``step``, ``defense``) in a run
+    whose config lists ``cells`` (its ``datasets``, ``train_steps`` and ``defenses``): the
+    victims' updates' noise, and the search's, whose next offset starts the final attack
+    (:func:`~.bayes_scenario.attack_tuned`). :mod:`.bayes_pool` takes the paper scale's to
+    attack a cell's victims again from the same starting images."""
+    blocks = [(d, s) for d in cells["datasets"] for s in cells["train_steps"]]
+    i, j = blocks.index((dataset, step)), list(cells["defenses"]).index(defense)
+    return 100 * i + j, 1000 * i + 10 * j
+
+
 @experiment(
     "bayes/table2",
     on=("dataset", "defense", "attack", "step"),
@@ -237,21 +252,21 @@ def table2(ctx: Context) -> list[dict]:
                     f"{what} = {cfg[what]} is not a multiple of cosine_group = "
                     f"{cfg.cosine_group}: the cosine attack takes whole blocks of victims"
                 )
-    blocks = [(dataset, step) for dataset in cfg.datasets for step in cfg.train_steps]
-    cells = [(dataset, step, name) for dataset, step in blocks for name in cfg.defenses]
+    cells = [(d, step, name) for d in cfg.datasets for step in cfg.train_steps
+             for name in cfg.defenses]  # fmt: skip
 
     def unit(cell: tuple[str, int, str]) -> list[dict]:
         dataset, step, name = cell
-        i, j = blocks.index((dataset, step)), cfg.defenses.index(name)
+        updates, search = cell_offsets(cfg, *cell)
         model, victims = scenario(ctx, dataset, step, cfg.victims, defense=name)
         defense = make_defense(name, seed=ctx.seed)
-        case = build_case(model, *victims, defense=defense, generator=ctx.generator(100 * i + j),
+        case = build_case(model, *victims, defense=defense, generator=ctx.generator(updates),
                           device=ctx.device)  # fmt: skip
         attacks = table2_attacks(defense, cfg.attacks, steps=cfg.steps,
                                  anneal_steps=cfg.anneal_steps,
                                  cosine_group=cfg.cosine_group)  # fmt: skip
-        found = tune(ctx, case, attacks, offset=1000 * i + 10 * j, defense=name)
-        psnr, images = attack_tuned(ctx, case, attacks, found, offset=1000 * i + 10 * j)
+        found = tune(ctx, case, attacks, offset=search, defense=name)
+        psnr, images = attack_tuned(ctx, case, attacks, found, offset=search)
         return [{"dataset": dataset, "defense": name, "attack": a, "step": step,
                  "psnr": float(v.mean()), "psnr_per_image": v.tolist(),
                  "tuned": asdict(found.best[a]), "tuning_psnr": found.best_psnr[a],

@@ -59,6 +59,7 @@ __all__ = [
     "fig4_work",
     "fig5_work",
     "fig7_work",
+    "pool_work",
     "precode_work",
     "table2_work",
     "table5_work",
@@ -156,6 +157,28 @@ def table2_work(ctx: Context) -> list[list[Load]]:
                 groups = [[a] for a in cfg.attacks]
                 loads += _tuned(ctx, net, groups, [1] * len(cfg.attacks), defense)
                 units.append(loads)
+    return units
+
+
+def pool_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/table2-pool``: per (defense, network seed), for each share of the pool the
+    network's training and every attack on every victim; at ci the first share's search too
+    (at paper scale the settings are the Table 2 record's)."""
+    cfg, units = ctx.config, []
+    net = bayes_cnn_net(image_shape(ctx, cfg.dataset))
+    loop = preset("l2", steps=cfg.steps).config
+    for defense in cfg.defenses:
+        for _ in cfg.seeds:
+            loads = []
+            for k, _ in enumerate(cfg.pools):
+                loads += _training(net, cfg.train_batch, cfg.train_step)
+                if k == 0 and cfg.tuned_from == "search":  # the search, then the attacks
+                    groups = [[a] for a in cfg.attacks]
+                    loads += _tuned(ctx, net, groups, [1] * len(groups), defense)
+                else:
+                    loads += [_attack(net, loop, cfg.victims, _bayes_objective(a, defense))
+                              for a in cfg.attacks]  # fmt: skip
+            units.append(loads)
     return units
 
 
