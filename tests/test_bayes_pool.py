@@ -100,8 +100,8 @@ def test_the_table2_settings_come_from_the_rerun_else_the_record(monkeypatch):
 def test_the_pool_record_gives_the_table2_cell_back_with_the_whole_pool():
     """The whole pool with the run's seed is the Table 2 cell's training, victims, settings and
     starting images again: every attack's paired difference from the cell's per-image PSNR
-    has an interval around zero (image by image they differ: the cell's network was trained
-    before the fused Adam kernel, which changes it in its last bits)."""
+    has an interval around zero (image by image they differ: the cell was made at a commit
+    before changes that keep results up to float rounding; ``bayes_pool``'s docstring)."""
     pool, _ = reporting.results_record(POOL_ID)
     if pool is None:
         pytest.skip("no bayes/table2-pool record yet")

@@ -3,10 +3,10 @@
 A diagnosis of our records, not an experiment of the paper (Balunović et al., ICLR 2022).
 The paper trains its "step 500" networks on the training set, 50,000 images; the
 records in ``results/`` were made offline on a sample of the test set, so the CIFAR-10
-network trains on the 300 images of the sample's training split that are not victims,
-1.7 passes in 500 steps of one image (:func:`~.bayes_scenario.scenario`). The record's
-Gaussian and Laplacian step-500 cells on CIFAR-10 sit 0.1–1.55 dB above the paper's.
-This experiment asks whether fewer distinct training images leave the network leakier:
+network trains on the images of the sample's training split that are not victims (300
+of CIFAR-10's test images 0–499), cycled in 500 steps of one image
+(:func:`~.bayes_scenario.scenario`). The record's Gaussian and Laplacian step-500 cells on
+CIFAR-10 sit above the paper's (the chapter reads by how much). This experiment asks whether fewer distinct training images leave the network leakier:
 for each network seed it trains the cell's network on the whole pool and on a share of
 it, and attacks the same victims with the same settings from the same starting images,
 so that the pool's size is the only difference (a paired comparison over the victims).
@@ -20,9 +20,10 @@ so that the pool's size is the only difference (a paired comparison over the vic
   the training order and the training noise. The victims, their updates' noise and the
   attacks' starting images use the generators of the Table 2 cell at paper scale
   (:func:`.bayes_tables.cell_offsets`), so that the whole pool with the run's seed is the
-  cell's training and attack again. The record's cell ran before training took PyTorch's
-  fused Adam kernel (commit 08436a9: the same update up to float rounding), so its network
-  differs in the last bits, which 200 attack steps amplify image by image; the means agree
+  cell's training and attack again. The record's cell was made at an earlier commit
+  (2ddb0ec), before changes that keep each result up to float rounding (PyTorch's fused
+  Adam kernel in training, 08436a9; the cosine's sums as an einsum, 06f7acd), so the runs
+  differ in their last bits, which 200 attack steps amplify image by image; the means agree
   within their paired intervals (``tests/test_bayes_pool.py`` checks the two records).
 
 The chapter "Bayes versus heuristics under defenses" runs it and shows its record where
@@ -49,7 +50,7 @@ from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["POOL", "table2_pool", "table2_settings"]
+__all__ = ["DATASETS", "POOL", "table2_pool", "table2_settings"]
 
 #: Table 2's keys that name its cells, which this experiment sets itself.
 _CELLS = ("datasets", "train_steps", "defenses")
