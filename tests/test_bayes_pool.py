@@ -64,6 +64,9 @@ def test_a_small_run_pairs_the_shares_on_one_setting_per_attack():
         pair = [r for r in rows if r["attack"] == a]
         assert pair[0]["tuned"] == pair[1]["tuned"], "both shares attacked with one setting"
         assert all(r["tuned_from"] == "search" and len(r["psnr_per_image"]) == 2 for r in pair)
+    for share in (1.0, 0.5):
+        norms = {tuple(r["update_norm_per_image"]) for r in rows if r["pool"] == share}
+        assert len(norms) == 1 and all(n > 0 for n in next(iter(norms))), "one update per victim"
 
 
 @pytest.mark.parametrize(
@@ -130,7 +133,7 @@ def _pool_rows(gain: dict[int, float]) -> list[dict]:
             per_image = [18.0 + seed + 0.1 * i + shift + 0.01 * i * i for i in range(4)]
             rows.append({"defense": "gaussian", "seed": seed, "attack": "l2", "pool": pool,
                          "pool_images": images, "psnr": sum(per_image) / 4,
-                         "psnr_per_image": per_image})  # fmt: skip
+                         "psnr_per_image": per_image, "update_norm": 2.0 + pool + seed})  # fmt: skip
     return rows
 
 
@@ -144,6 +147,7 @@ def test_the_pool_claim_pairs_the_half_pool_with_the_whole_per_seed():
     assert "150 instead of 300 images" in both and "+0.50 to +1.00 dB" in both
     assert "above zero on 2 of 2; +0.90" in both and "leaks more" in both
     assert "differ by at most 1.00 dB" in both  # the seeds' whole-pool means: 18.x and 19.x
+    assert "mean norm of 3.50 on the whole pool's networks and 3.00 on the smaller" in both
     mixed = pool_text(_pool_rows({0: 1.0, 1: -0.5}), "", {})
     assert "differs in sign" in mixed and "leaks more" not in mixed
     assert "no unit with both shares" in pool_text(_pool_rows({0: 1.0})[:1], " (pending)", {})

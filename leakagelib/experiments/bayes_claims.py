@@ -317,6 +317,7 @@ def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], flo
     if len(seeds) > 1:
         spread = max(max(v) - min(v) for v in means.values())
         text += f" With the whole pool the seeds' means differ by at most {spread:.2f} dB."
+    text += _norms_text(rows, smallest)
     if all(g.mean > 0 for g in gains.values()):
         text += (
             " Every attack leaks more from every seed's network on the smaller pool: fewer "
@@ -331,3 +332,29 @@ def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], flo
             "explain the excess of every attack."
         )
     return text
+
+
+def _norms_text(rows: Sequence[dict], smallest: float) -> str:
+    """How large the victims' updates are before the noise, per defense, on the whole pool's
+    networks and the smallest share's (means over the seeds; a larger update stands further
+    out of the same noise). Empty for rows without ``update_norm``."""
+    norms: dict[tuple[str, float], dict[int, float]] = {}
+    for r in rows:
+        if "update_norm" in r and r["pool"] in (1.0, smallest):
+            norms.setdefault((r["defense"], r["pool"]), {})[r["seed"]] = r["update_norm"]
+    defenses = [d for d in dict.fromkeys(k[0] for k in norms) if (d, smallest) in norms]
+    if not defenses:
+        return ""
+
+    def mean(d: str, share: float) -> float:
+        return sum(norms[d, share].values()) / len(norms[d, share])
+
+    return (
+        " The victims' updates before the noise have a mean norm of "
+        + "; ".join(
+            f"{mean(d, 1.0):.2f} on the whole pool's networks and {mean(d, smallest):.2f} "
+            f"on the smaller pool's ({d})"
+            for d in defenses
+        )  # fmt: skip
+        + "."
+    )

@@ -35,6 +35,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
+import torch
+
+from .. import gradients
 from ..attacks.config import Setting
 from .bayes_scenario import (
     DEFENSES,
@@ -127,13 +130,17 @@ def _pool_rows(
     result = case.attack([attacks[a] for a in names], settings=[settings[a] for a in names],
                          names=names, generator=ctx.generator(search_offset + 1),
                          checkpoint=ctx.checkpoint())  # fmt: skip
+    inputs = victims.normalizer.normalize(victims.images).to(ctx.device)
+    updates = gradients.per_sample_updates(model, inputs, victims.labels.to(ctx.device))
+    norms = torch.sqrt(sum((v.flatten(1) ** 2).sum(1) for v in updates.values())).cpu()
     rows = []
     for a in names:
         psnr = case.score_images(case.reconstructions(result, a), "psnr")
         rows.append({"dataset": cfg.dataset, "defense": name, "seed": seed, "pool": pool,
                      "pool_images": images, "attack": a, "psnr": float(psnr.mean()),
                      "psnr_per_image": psnr.tolist(), "tuned": asdict(settings[a]),
-                     "tuned_from": source})  # fmt: skip
+                     "tuned_from": source, "update_norm": float(norms.mean()),
+                     "update_norm_per_image": norms.tolist()})  # fmt: skip
     return rows, tuned
 
 
@@ -155,8 +162,10 @@ def table2_pool(ctx: Context) -> list[dict]:
     ``dataset``, ``defense``, ``seed`` (the network's), ``pool`` (the share),
     ``pool_images`` (how many distinct images it trained on), ``attack``,
     ``psnr`` (mean over the victims, dB), ``psnr_per_image``, ``tuned`` (the
-    setting) and ``tuned_from`` (``"search"``, or which Table 2 record gave
-    it: ``"re-run"`` or ``"record"``).
+    setting), ``tuned_from`` (``"search"``, or which Table 2 record gave
+    it: ``"re-run"`` or ``"record"``), and ``update_norm`` (with
+    ``update_norm_per_image``): the norm of each victim's update before the
+    defense's noise, which sets how much of it the noise hides.
     """
     cfg = ctx.config
     if cfg.tuned_from not in ("search", "bayes/table2"):
