@@ -315,23 +315,40 @@ def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], flo
         if r["pool"] == 1.0:
             means.setdefault((r["defense"], r["attack"]), []).append(r["psnr"])
     if len(seeds) > 1:
-        spread = max(max(v) - min(v) for v in means.values())
-        text += f" With the whole pool the seeds' means differ by at most {spread:.2f} dB."
+        spreads = [max(v) - min(v) for v in means.values()]
+        text += (
+            f" With the whole pool the seeds' means differ by {min(spreads):.2f} to "
+            f"{max(spreads):.2f} dB (per defense and attack), a spread that the Table 2 "
+            "record's intervals, over the images of one network per cell, leave out."
+        )
     text += _norms_text(rows, smallest)
-    if all(g.mean > 0 for g in gains.values()):
-        text += (
-            " Every attack leaks more from every seed's network on the smaller pool: fewer "
-            "distinct training images leave the network leakier, the direction of the record's "
-            "excess over a paper whose networks draw from CIFAR-10's 50,000 training images."
+    return text + _pool_verdict(gains)
+
+
+def _pool_verdict(gains: dict[tuple[str, int, str], PairedGap]) -> str:
+    """Which attacks every seed's smaller-pool network leaks more to (every paired mean above
+    zero), which less, and which differ in sign: the sentence that ends :func:`pool_text`."""
+    attacks = list(dict.fromkeys(k[2] for k in gains))
+    signs = {a: {g.mean > 0 for k, g in gains.items() if k[2] == a} for a in attacks}
+    more = [a for a in attacks if signs[a] == {True}]
+    less = [a for a in attacks if signs[a] == {False}]
+    mixed = [a for a in attacks if len(signs[a]) == 2]
+    parts = []
+    if more:
+        parts.append(
+            f" On the smaller pool every network leaks more to {', '.join(more)}: fewer distinct "
+            "training images leave these attacks stronger, the direction of the record's excess "
+            "over a paper whose networks draw from CIFAR-10's 50,000 training images."
         )
-    elif all(g.high < 0 for g in gains.values()):
-        text += " The smaller pool leaks less: the pool's size does not explain the excess."
-    else:
-        text += (
-            " The change differs in sign between seeds or attacks, so the pool's size does not "
-            "explain the excess of every attack."
+    if less:
+        parts.append(f" It leaks less to {', '.join(less)}.")
+    if mixed:
+        parts.append(f" To {', '.join(mixed)} the change differs in sign between the networks.")
+    if less or mixed:
+        parts.append(
+            f" So the pool's size does not explain the excess of {', '.join(less + mixed)}."
         )
-    return text
+    return "".join(parts)
 
 
 def _norms_text(rows: Sequence[dict], smallest: float) -> str:
