@@ -74,6 +74,7 @@ def test_a_small_run_pairs_the_shares_on_one_setting_per_attack():
     [
         ({"tuned_from": "bayes/table5"}, "use 'search' or 'bayes/table2'"),
         ({"pools": (1.0, 0.0)}, "each share must be in"),
+        ({"pools": (0.5, 0.25)}, r"the whole pool \(1.0\) among them"),
         ({"defenses": ("dp",)}, "unknown defenses"),
         ({"train_step": 3}, r"\(cifar10, step 3\) is not a cell of Table 2"),
     ],

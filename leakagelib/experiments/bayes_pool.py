@@ -170,8 +170,11 @@ def table2_pool(ctx: Context) -> list[dict]:
     cfg = ctx.config
     if cfg.tuned_from not in ("search", "bayes/table2"):
         raise ValueError(f"tuned_from = {cfg.tuned_from!r}: use 'search' or 'bayes/table2'")
-    if not cfg.pools or not all(0.0 < p <= 1.0 for p in cfg.pools):
-        raise ValueError(f"pools = {cfg.pools}: each share must be in (0, 1]")
+    if 1.0 not in cfg.pools or not all(0.0 < p <= 1.0 for p in cfg.pools):
+        raise ValueError(
+            f"pools = {cfg.pools}: each share must be in (0, 1], and the whole pool (1.0) among "
+            "them, as the cell's own network"
+        )
     steps = tuple(TABLE2.paper["train_steps"])
     if cfg.train_step not in steps or cfg.dataset not in DATASETS:
         raise ValueError(
