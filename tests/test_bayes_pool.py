@@ -146,12 +146,12 @@ def test_the_pool_claim_pairs_the_half_pool_with_the_whole_per_seed():
     assert gains["gaussian", 0, "l2"].mean == pytest.approx(1.0)
     both = pool_text(_pool_rows({0: 1.0, 1: 0.5}), "", {("gaussian", "l2"): 0.9})
     assert "150 instead of 300 images" in both and "+0.50 to +1.00 dB" in both
-    assert "above zero on 2 of 2; +0.90" in both and "leaks more" in both
+    assert "above zero on 2 of 2; +0.90" in both and "paired mean rises for l2" in both
     assert "differ by 1.00 to 1.00 dB" in both  # the seeds' whole-pool means: 18.x and 19.x
     assert "mean norm of 3.50 on the whole pool's networks and 3.00 on the smaller" in both
     mixed = pool_text(_pool_rows({0: 1.0, 1: -0.5}), "", {})
-    assert "To l2 the change differs in sign" in mixed and "leaks more" not in mixed
+    assert "To l2 the change differs in sign" in mixed and "rises" not in mixed
     assert "does not explain the excess of l2" in mixed
     less = pool_text(_pool_rows({0: -1.0, 1: -0.5}), "", {})
-    assert "It leaks less to l2" in less and "leaks more" not in less
+    assert "paired mean falls for l2" in less and "rises" not in less
     assert "no unit with both shares" in pool_text(_pool_rows({0: 1.0})[:1], " (pending)", {})

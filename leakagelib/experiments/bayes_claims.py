@@ -269,8 +269,8 @@ def table2_rerun_gains(record: Sequence[dict], rerun: Sequence[dict]) -> dict[tu
 
 def pool_gains(rows: Sequence[dict]) -> dict[tuple[str, int, str], PairedGap]:
     """``bayes/table2-pool`` (:mod:`.bayes_pool`): per (defense, network seed, attack) the
-    smallest share of the pool against the whole, on the same victims: the PSNR the network
-    trained on fewer distinct images gives up (a positive gap: it leaks more)."""
+    smallest share of the pool against the whole, on the same victims (a positive gap: the
+    network trained on fewer distinct images leaks more)."""
     smallest = min(r["pool"] for r in rows)
     by = {(r["defense"], r["seed"], r["attack"], r["pool"]): r for r in rows}
     return {
@@ -326,8 +326,8 @@ def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], flo
 
 
 def _pool_verdict(gains: dict[tuple[str, int, str], PairedGap]) -> str:
-    """Which attacks every seed's smaller-pool network leaks more to (every paired mean above
-    zero), which less, and which differ in sign: the sentence that ends :func:`pool_text`."""
+    """For which attacks every seed's smaller-pool network has the higher paired mean, for
+    which the lower, and for which the sign differs: the sentences that end :func:`pool_text`."""
     attacks = list(dict.fromkeys(k[2] for k in gains))
     signs = {a: {g.mean > 0 for k, g in gains.items() if k[2] == a} for a in attacks}
     more = [a for a in attacks if signs[a] == {True}]
@@ -336,12 +336,13 @@ def _pool_verdict(gains: dict[tuple[str, int, str], PairedGap]) -> str:
     parts = []
     if more:
         parts.append(
-            f" On the smaller pool every network leaks more to {', '.join(more)}: fewer distinct "
-            "training images leave these attacks stronger, the direction of the record's excess "
-            "over a paper whose networks draw from CIFAR-10's 50,000 training images."
+            f" On the smaller pool every network's paired mean rises for {', '.join(more)}: "
+            "fewer distinct training images leave these attacks stronger, the direction of the "
+            "record's excess over a paper whose networks draw from CIFAR-10's 50,000 training "
+            "images."
         )
     if less:
-        parts.append(f" It leaks less to {', '.join(less)}.")
+        parts.append(f" Every network's paired mean falls for {', '.join(less)}.")
     if mixed:
         parts.append(f" To {', '.join(mixed)} the change differs in sign between the networks.")
     if less or mixed:
