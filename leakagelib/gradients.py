@@ -50,6 +50,7 @@ __all__ = [
     "functional_gradient",
     "local_update",
     "params_of",
+    "per_sample_norms",
     "per_sample_updates",
     "recover_label_idlg",
     "recover_labels_batch",
@@ -227,6 +228,16 @@ def per_sample_updates(
 
     # randomness="different": a stochastic bottleneck samples fresh noise for every image
     return vmap(one, in_dims=(None, 0, 0), randomness="different")(params_of(model), images, labels)
+
+
+def per_sample_norms(updates: Update) -> Tensor:
+    """Each sample's gradient norm in a stacked update (leading dimension N), taken over all
+    parameter tensors together (Opacus's "flat" norm): what DP-SGD clips, and how far an
+    update stands out of a defense's noise (the chapters "Bayes versus heuristics under
+    defenses" and "CVB against DP-SGD and gradient compression")."""
+    if not updates:
+        raise ValueError("the stacked update is empty")
+    return torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in updates.values()))
 
 
 def stack_updates(updates: Sequence[Update]) -> Update:

@@ -273,3 +273,11 @@ def test_the_update_of_a_bottleneck_model_is_the_gradient_of_its_training_loss(r
     expected = torch.autograd.grad(total, list(model.parameters()))
     for (name, _), g in zip(model.named_parameters(), expected, strict=True):
         torch.testing.assert_close(high[name], g, rtol=1e-5, atol=1e-7)
+
+
+def test_per_sample_norms_take_every_parameter_of_one_sample_together():
+    updates = {"w": torch.tensor([[[3.0, 0.0]], [[1.0, 1.0]]]), "b": torch.tensor([[4.0], [1.0]])}
+    norms = G.per_sample_norms(updates)
+    assert torch.allclose(norms, torch.tensor([5.0, 3.0**0.5]))
+    with pytest.raises(ValueError, match="empty"):
+        G.per_sample_norms({})

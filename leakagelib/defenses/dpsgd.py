@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attacks.likelihoods import LayerSelection, Likelihood
-from ..gradients import Update
+from ..gradients import Update, per_sample_norms
 from .base import GradientDefense, Objective, client_gradients, require
 
 __all__ = ["DPSGD", "ClippedGaussian", "clip_per_sample", "epsilon_spent"]
@@ -46,8 +46,7 @@ def clip_per_sample(updates: Update, max_grad_norm: float) -> Update:
     """
     require("max_grad_norm", max_grad_norm, lambda v: v > 0, _NORM)
     n = _batch_size(updates)
-    sq = sum(g.reshape(n, -1).pow(2).sum(dim=1) for g in updates.values())
-    factor = (max_grad_norm / (sq.sqrt() + 1e-12)).clamp(max=1.0)
+    factor = (max_grad_norm / (per_sample_norms(updates) + 1e-12)).clamp(max=1.0)
     return {k: g * factor.reshape(n, *([1] * (g.dim() - 1))) for k, g in updates.items()}
 
 

@@ -35,8 +35,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
-import torch
-
 from .. import gradients
 from ..attacks.config import Setting
 from .bayes_scenario import (
@@ -132,7 +130,7 @@ def _pool_rows(
                          checkpoint=ctx.checkpoint())  # fmt: skip
     inputs = victims.normalizer.normalize(victims.images).to(ctx.device)
     updates = gradients.per_sample_updates(model, inputs, victims.labels.to(ctx.device))
-    norms = torch.sqrt(sum((v.flatten(1) ** 2).sum(1) for v in updates.values())).cpu()
+    norms = gradients.per_sample_norms(updates).cpu()
     rows = []
     for a in names:
         psnr = case.score_images(case.reconstructions(result, a), "psnr")
