@@ -10,8 +10,8 @@ import torch
 
 from leakagelib import experiments, records, reporting
 from leakagelib.experiments import Context, bayes_pool, bayes_scenario
+from leakagelib.experiments.bayes_claims import pool_repeats_cell
 from leakagelib.experiments.bayes_tables import TABLE2, cell_offsets
-from leakagelib.experiments.paired import paired_interval
 
 torch.set_num_threads(1)
 
@@ -104,21 +104,23 @@ def test_the_table2_settings_come_from_the_rerun_else_the_record(monkeypatch):
 def test_the_pool_record_gives_the_table2_cell_back_with_the_whole_pool():
     """The whole pool with the run's seed is the Table 2 cell's training, victims, settings and
     starting images again: every attack's paired difference from the cell's per-image PSNR
-    has an interval around zero (image by image they differ: the cell was made at a commit
-    before changes that keep results up to float rounding; ``bayes_pool``'s docstring)."""
+    has an interval around zero (the chapter asserts the same)."""
     pool, _ = reporting.results_record(POOL_ID)
-    if pool is None:
-        pytest.skip("no bayes/table2-pool record yet")
+    assert pool is not None, "results/bayes-table2-pool.json: the chapter's claim rests on it"
     table2 = reporting.rerun_record("bayes/table2")[0] or records.paper_record("bayes/table2")
-    cells = {(r["defense"], r["attack"]): r for r in table2["rows"]
-             if (r["dataset"], r["step"]) == ("cifar10", 500)}  # fmt: skip
-    whole = [r for r in pool["rows"] if r["pool"] == 1.0 and r["seed"] == 0]
-    assert whole
-    for row in whole:
-        cell = cells[(row["defense"], row["attack"])]
-        assert row["tuned"] == cell["tuned"]
-        gap = paired_interval(row["psnr_per_image"], cell["psnr_per_image"])
-        assert gap.low < 0 < gap.high, (row["defense"], row["attack"], gap)
+    gaps = pool_repeats_cell(pool["rows"], table2["rows"])
+    assert {d for d, _ in gaps} == set(experiments.get(POOL_ID).config.paper["defenses"])
+    assert all(g.low < 0 < g.high for g in gaps.values()), gaps
+
+
+def test_a_pool_row_with_another_setting_than_the_cell_is_refused():
+    cell = {"dataset": "cifar10", "step": 500, "defense": "gaussian", "attack": "l2",
+            "tuned": {"beta": 1.0}, "psnr_per_image": [1.0, 2.0]}  # fmt: skip
+    row = {"defense": "gaussian", "attack": "l2", "pool": 1.0, "seed": 0,
+           "tuned": {"beta": 1.0}, "psnr_per_image": [1.5, 1.5]}  # fmt: skip
+    assert pool_repeats_cell([row], [cell])["gaussian", "l2"].mean == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="with the pool row's setting"):
+        pool_repeats_cell([{**row, "tuned": {"beta": 2.0}}], [cell])
 
 
 def test_the_offsets_follow_the_cells_position_in_the_config():

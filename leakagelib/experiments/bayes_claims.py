@@ -14,7 +14,8 @@ in words (:func:`fig2_network_text` what its Soteria networks had learned);
 :func:`table2_misses` lists where Table 2's record and the paper disagree;
 :func:`table2_rerun_gains` what a re-run under way changes against the record,
 image by image; :func:`pool_gains` and :func:`pool_text` what the step-500 network's training
-pool changes in Table 2's cells (``bayes/table2-pool``).
+pool changes in Table 2's cells (``bayes/table2-pool``), and :func:`pool_repeats_cell` that its
+whole pool repeats them.
 """
 
 from __future__ import annotations
@@ -278,6 +279,25 @@ def pool_gains(rows: Sequence[dict]) -> dict[tuple[str, int, str], PairedGap]:
         for (d, s, a, share), r in by.items()
         if share == 1.0 and (d, s, a, smallest) in by and smallest < 1.0
     }
+
+
+def pool_repeats_cell(
+    pool: Sequence[dict], table2: Sequence[dict]
+) -> dict[tuple[str, str], PairedGap]:
+    """Per (defense, attack), the whole pool's rows with the run's seed (0) of a
+    ``bayes/table2-pool`` record against the Table 2 record's cell on the same victims: the
+    same training, settings and starting images again, so each paired interval should hold
+    zero (image by image the two differ by float rounding that the attack amplifies;
+    :mod:`.bayes_pool`). Raises ``ValueError`` where a cell is missing or took another setting."""
+    cells = {(r["defense"], r["attack"]): r for r in table2
+             if (r["dataset"], r["step"]) == ("cifar10", 500)}  # fmt: skip
+    gaps = {}
+    for row in (r for r in pool if r["pool"] == 1.0 and r["seed"] == 0):
+        key = (row["defense"], row["attack"])
+        if key not in cells or cells[key]["tuned"] != row["tuned"]:
+            raise ValueError(f"the Table 2 record has no cell {key} with the pool row's setting")
+        gaps[key] = paired_interval(row["psnr_per_image"], cells[key]["psnr_per_image"])
+    return gaps
 
 
 def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], float]) -> str:
