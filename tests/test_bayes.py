@@ -246,6 +246,29 @@ def test_paired_interval_is_students_t_and_refuses_unpaired_input():
         paired.paired_interval([1.0, 2.0], [0.0, 0.0], confidence=95)
 
 
+def test_crossed_interval_counts_networks_and_images_and_covers_the_mean():
+    """One network repeated is :func:`mean_interval` of its images; networks that differ widen
+    the interval; over simulated networks × images (random effects) it covers the true mean
+    about 95 % of the time, where one network's image interval does not."""
+    x = np.random.default_rng(0).normal(size=30)
+    same, one = paired.crossed_interval([x, x, x]), paired.mean_interval(x)
+    assert (same.low, same.mean, same.high, same.n) == pytest.approx(
+        (one.low, one.mean, one.high, 30)
+    )
+    shifted = paired.crossed_interval([x, x + 1.0, x + 2.0])
+    assert math.isclose(shifted.mean, float(x.mean()) + 1.0)
+    assert shifted.high - shifted.low > 4.0  # t(2) · 1 / √3 · 2: the seeds' spread dominates
+    rng = np.random.default_rng(1)
+    crossed = alone = 0
+    for _ in range(400):
+        y = rng.normal(0, 1, (3, 1)) + rng.normal(0, 2, (1, 40)) + rng.normal(0, 1, (3, 40))
+        crossed += (g := paired.crossed_interval(y)).low < 0 < g.high
+        alone += (g := paired.mean_interval(y[0])).low < 0 < g.high
+    assert 0.92 <= crossed / 400 <= 0.98 and alone / 400 < 0.85
+    with pytest.raises(ValueError, match="one row per network"):
+        paired.crossed_interval([[1.0, 2.0]])
+
+
 def test_tuned_attacks_run_as_one_program_on_a_case():
     """The plumbing of Tables 2 and 5: the attacks of one defense, tuned on the first victim
     (Case.first), then run together on every victim with the tuned settings (Case.attack with a

@@ -10,8 +10,15 @@ import torch
 
 from leakagelib import experiments, records, reporting
 from leakagelib.experiments import Context, bayes_pool, bayes_scenario
-from leakagelib.experiments.bayes_claims import pool_repeats_cell
+from leakagelib.experiments.bayes_pool_claims import (
+    pool_cells,
+    pool_cells_text,
+    pool_gains,
+    pool_repeats_cell,
+    pool_text,
+)
 from leakagelib.experiments.bayes_tables import TABLE2, cell_offsets
+from leakagelib.experiments.paired import mean_interval
 
 torch.set_num_threads(1)
 
@@ -141,8 +148,6 @@ def _pool_rows(gain: dict[int, float]) -> list[dict]:
 
 
 def test_the_pool_claim_pairs_the_half_pool_with_the_whole_per_seed():
-    from leakagelib.experiments.bayes_claims import pool_gains, pool_text
-
     gains = pool_gains(_pool_rows({0: 1.0, 1: 0.5}))
     assert set(gains) == {("gaussian", 0, "l2"), ("gaussian", 1, "l2")}
     assert gains["gaussian", 0, "l2"].mean == pytest.approx(1.0)
@@ -157,3 +162,23 @@ def test_the_pool_claim_pairs_the_half_pool_with_the_whole_per_seed():
     less = pool_text(_pool_rows({0: -1.0, 1: -0.5}), "", {})
     assert "paired mean falls for l2" in less and "rises" not in less
     assert "no unit with both shares" in pool_text(_pool_rows({0: 1.0})[:1], " (pending)", {})
+
+
+def test_the_pool_cells_count_the_networks_spread_beside_the_paper():
+    """Two seeds 1 dB apart on the same images: the mean over both networks, an interval wider
+    than one network's alone, and the paper's number placed inside or outside it."""
+    rows = [{**r, "dataset": "cifar10"} for r in _pool_rows({0: 1.0, 1: 0.5})]
+    paper = [{"dataset": "cifar10", "defense": "gaussian", "step": 500, "attack": "l2",
+              "psnr": 18.7}]  # fmt: skip
+    cells = pool_cells(rows, paper, 500)
+    got = cells["gaussian", "l2"]
+    whole = [r["psnr_per_image"] for r in rows if r["pool"] == 1.0]
+    assert got["seeds"] == (0, 1) and got["paper"] == 18.7
+    assert got["psnr"].mean == pytest.approx(sum(map(sum, whole)) / 8)
+    one = mean_interval(whole[0])
+    assert got["psnr"].high - got["psnr"].low > one.high - one.low
+    assert "inside 1 of these 1 intervals; 0 lie wholly above" in pool_cells_text(cells)
+    far = pool_cells(rows, [{**paper[0], "psnr": 10.0}], 500)
+    assert "inside 0 of these 1 intervals; 1 lie wholly above" in pool_cells_text(far)
+    assert pool_cells([r for r in rows if r["seed"] == 0], paper, 500) == {}, "one network"
+    assert pool_cells_text({}) == ""

@@ -27,7 +27,8 @@ so that the pool's size is the only difference (a paired comparison over the vic
   within their paired intervals (``tests/test_bayes_pool.py`` checks the two records).
 
 The chapter "Bayes versus heuristics under defenses" runs it and shows its record where
-Table 2's CIFAR-10 cells miss the paper.
+Table 2's CIFAR-10 cells miss the paper, read by :mod:`.bayes_pool_claims`: what the smaller
+share changes, and the whole pool's networks together beside the paper's cells.
 """
 
 from __future__ import annotations

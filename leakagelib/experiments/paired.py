@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["CLAIM_SEEDS", "CLAIM_SEEDS_TEXT", "PairedGap", "mean_interval", "paired_interval"]
+__all__ = [
+    "CLAIM_SEEDS",
+    "CLAIM_SEEDS_TEXT",
+    "PairedGap",
+    "crossed_interval",
+    "mean_interval",
+    "paired_interval",
+]
 
 #: The seeds besides the book's ``SEED = 0`` on which the tests check the chapters' claims
 #: again, so that each claim holds on three seeds: ``tests/test_chapter_seeds.py`` runs whole
@@ -81,3 +88,41 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> PairedGa
     n, mean = len(x), float(x.mean())
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
     return PairedGap(mean, mean - half, mean + half, n, confidence)
+
+
+def crossed_interval(values: Sequence[Sequence[float]], confidence: float = 0.95) -> PairedGap:
+    """The mean of ``values[s][i]``, network ``s`` on image ``i``, with an interval that counts
+    both samples: other networks (seeds) and other images would each give another mean.
+
+    :func:`mean_interval` over one network's images leaves out the networks' spread; the
+    seeds' means alone leave out the images', which all seeds share. This is the two-way
+    random-effects model y = μ + a_s + b_i + e (networks and images crossed, one value per
+    pair; Searle, Casella and McCulloch, *Variance Components*, 1992, §4): the grand mean's
+    variance σ_a²/k + σ_b²/n + σ_e²/(kn) from the ANOVA mean squares, each component
+    truncated at zero, and a Student-t interval with Satterthwaite's degrees of freedom. With
+    the same values for every network it is :func:`mean_interval` of one network's. The
+    chapter "Bayes versus heuristics under defenses" sets the ``bayes/table2-pool`` record's
+    networks beside the paper's cells with it (:func:`.bayes_pool_claims.pool_cells`).
+    ``n`` of the result is the number of images.
+    """
+    y = np.asarray(values, dtype=float)
+    if y.ndim != 2 or min(y.shape) < 2:
+        raise ValueError(
+            f"need one row per network and one column per image, at least 2 × 2, got shape {y.shape}"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
+    k, n = y.shape
+    grand, nets, images = float(y.mean()), y.mean(axis=1), y.mean(axis=0)
+    squares = np.array([
+        n * nets.var(ddof=1),  # networks, k - 1 degrees of freedom
+        k * images.var(ddof=1),  # images, n - 1
+        ((y - nets[:, None] - images[None, :] + grand) ** 2).sum() / ((k - 1) * (n - 1)),
+    ])  # fmt: skip
+    freedom = np.array([k - 1, n - 1, (k - 1) * (n - 1)])
+    kept = squares[:2] > squares[2]  # a component whose estimate is positive
+    weights = np.append(kept, 1.0 - kept.sum()) / (k * n)
+    variance = float(weights @ squares)
+    df = variance**2 / float(((weights * squares) ** 2 / freedom).sum()) if variance > 0 else 1.0
+    half = float(stats.t.ppf(0.5 + confidence / 2, df) * math.sqrt(variance))
+    return PairedGap(grand, grand - half, grand + half, n, confidence)

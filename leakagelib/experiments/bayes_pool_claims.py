@@ -1,0 +1,203 @@
+"""What ``bayes/table2-pool`` (:mod:`.bayes_pool`) says about Table 2's record, read off its rows.
+
+:func:`pool_gains` pairs each network's smaller share of the pool with its whole pool on the
+same victims, and :func:`pool_text` reads those gains in words beside the Table 2 record's
+excess over the paper; :func:`pool_repeats_cell` checks that the whole pool with the run's
+seed repeats the Table 2 cell; :func:`pool_cells` and :func:`pool_cells_text` set the whole
+pool's networks, all seeds together, beside the paper's cells, with an interval that counts
+the networks' spread as well as the images' (:func:`.paired.crossed_interval`). The chapter
+"Bayes versus heuristics under defenses" glues them under its Table 2 record, and
+``tests/test_bayes_pool.py`` checks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .paired import PairedGap, crossed_interval, paired_interval
+
+__all__ = ["pool_cells", "pool_cells_text", "pool_gains", "pool_repeats_cell", "pool_text"]
+
+
+def pool_gains(rows: Sequence[dict]) -> dict[tuple[str, int, str], PairedGap]:
+    """``bayes/table2-pool`` (:mod:`.bayes_pool`): per (defense, network seed, attack) the
+    smallest share of the pool against the whole, on the same victims (a positive gap: the
+    network trained on fewer distinct images leaks more)."""
+    smallest = min(r["pool"] for r in rows)
+    by = {(r["defense"], r["seed"], r["attack"], r["pool"]): r for r in rows}
+    return {
+        (d, s, a): paired_interval(by[d, s, a, smallest]["psnr_per_image"], r["psnr_per_image"])
+        for (d, s, a, share), r in by.items()
+        if share == 1.0 and (d, s, a, smallest) in by and smallest < 1.0
+    }
+
+
+def pool_repeats_cell(
+    pool: Sequence[dict], table2: Sequence[dict]
+) -> dict[tuple[str, str], PairedGap]:
+    """Per (defense, attack), the whole pool's rows with the run's seed (0) of a
+    ``bayes/table2-pool`` record against the Table 2 record's cell on the same victims: the
+    same training, settings and starting images again, so each paired interval should hold
+    zero (image by image the two differ by float rounding that the attack amplifies;
+    :mod:`.bayes_pool`). Raises ``ValueError`` where a cell is missing or took another setting."""
+    cells = {(r["defense"], r["attack"]): r for r in table2
+             if (r["dataset"], r["step"]) == ("cifar10", 500)}  # fmt: skip
+    gaps = {}
+    for row in (r for r in pool if r["pool"] == 1.0 and r["seed"] == 0):
+        key = (row["defense"], row["attack"])
+        if key not in cells or cells[key]["tuned"] != row["tuned"]:
+            raise ValueError(f"the Table 2 record has no cell {key} with the pool row's setting")
+        gaps[key] = paired_interval(row["psnr_per_image"], cells[key]["psnr_per_image"])
+    return gaps
+
+
+def pool_text(rows: Sequence[dict], note: str, excess: dict[tuple[str, str], float]) -> str:
+    """The chapter's paragraph on the pool record: per defense and attack, the paired change
+    that the smallest share of the pool makes over the network seeds, beside ``excess``
+    ((defense, attack) → the Table 2 record's mean minus the paper's in the same cell), and
+    the spread of the whole pool's networks over the seeds. Numbers read, never typed."""
+    gains = pool_gains(rows)
+    if not gains:
+        return f"The pool record{note} has no unit with both shares of the pool yet."
+    smallest = min(r["pool"] for r in rows)
+    images = {share: sorted({r["pool_images"] for r in rows if r["pool"] == share})
+              for share in (smallest, 1.0)}  # fmt: skip
+    seeds = sorted({k[1] for k in gains})
+    per_defense: dict[str, list[str]] = {}
+    for d, a in dict.fromkeys((k[0], k[2]) for k in gains):
+        mine = [g for k, g in gains.items() if (k[0], k[2]) == (d, a)]
+        low, high = min(g.mean for g in mine), max(g.mean for g in mine)
+        change = f"{low:+.2f}" if len(mine) == 1 else f"{low:+.2f} to {high:+.2f}"
+        beside = f"; {excess[d, a]:+.2f}" if (d, a) in excess else ""
+        per_defense.setdefault(d, []).append(
+            f"{a} {change} dB (above zero on {sum(g.low > 0 for g in mine)} of {len(mine)}{beside})"
+        )
+    text = (
+        f"In the pool record{note}, trained on {', '.join(map(str, images[smallest]))} instead "
+        f"of {', '.join(map(str, images[1.0]))} images, the step-500 network changes each "
+        f"attack's mean PSNR on the same {next(iter(gains.values())).n} victims by (paired; over "
+        f"network seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: on how many "
+        "the interval lies above zero, then the Table 2 record's mean minus the paper's): "
+        + "; ".join(f"{d}: " + ", ".join(parts) for d, parts in per_defense.items())
+        + "."
+    )
+    means: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r["pool"] == 1.0:
+            means.setdefault((r["defense"], r["attack"]), []).append(r["psnr"])
+    if len(seeds) > 1:
+        spreads = [max(v) - min(v) for v in means.values()]
+        text += (
+            f" With the whole pool the seeds' means differ by {min(spreads):.2f} to "
+            f"{max(spreads):.2f} dB (per defense and attack), a spread that the Table 2 "
+            "record's intervals, over the images of one network per cell, leave out."
+        )
+    text += _norms_text(rows, smallest)
+    return text + _pool_verdict(gains)
+
+
+def _pool_verdict(gains: dict[tuple[str, int, str], PairedGap]) -> str:
+    """For which attacks every seed's smaller-pool network has the higher paired mean, for
+    which the lower, and for which the sign differs: the sentences that end :func:`pool_text`."""
+    attacks = list(dict.fromkeys(k[2] for k in gains))
+    signs = {a: {g.mean > 0 for k, g in gains.items() if k[2] == a} for a in attacks}
+    more = [a for a in attacks if signs[a] == {True}]
+    less = [a for a in attacks if signs[a] == {False}]
+    mixed = [a for a in attacks if len(signs[a]) == 2]
+    parts = []
+    if more:
+        parts.append(
+            f" On the smaller pool every network's paired mean rises for {', '.join(more)}: "
+            "fewer distinct training images leave these attacks stronger, the direction of the "
+            "record's excess over a paper whose networks draw from CIFAR-10's 50,000 training "
+            "images."
+        )
+    if less:
+        parts.append(f" Every network's paired mean falls for {', '.join(less)}.")
+    if mixed:
+        parts.append(f" To {', '.join(mixed)} the change differs in sign between the networks.")
+    if less or mixed:
+        parts.append(
+            f" So the pool's size does not explain the excess of {', '.join(less + mixed)}."
+        )
+    return "".join(parts)
+
+
+def _norms_text(rows: Sequence[dict], smallest: float) -> str:
+    """How large the victims' updates are before the noise, per defense, on the whole pool's
+    networks and the smallest share's (means over the seeds; a larger update stands further
+    out of the same noise). Empty for rows without ``update_norm``."""
+    norms: dict[tuple[str, float], dict[int, float]] = {}
+    for r in rows:
+        if "update_norm" in r and r["pool"] in (1.0, smallest):
+            norms.setdefault((r["defense"], r["pool"]), {})[r["seed"]] = r["update_norm"]
+    defenses = [d for d in dict.fromkeys(k[0] for k in norms) if (d, smallest) in norms]
+    if not defenses:
+        return ""
+
+    def mean(d: str, share: float) -> float:
+        return sum(norms[d, share].values()) / len(norms[d, share])
+
+    return (
+        " The victims' updates before the noise have a mean norm of "
+        + "; ".join(
+            f"{mean(d, 1.0):.2f} on the whole pool's networks and {mean(d, smallest):.2f} "
+            f"on the smaller pool's ({d})"
+            for d in defenses
+        )  # fmt: skip
+        + "."
+    )
+
+
+def pool_cells(
+    rows: Sequence[dict], reference: Sequence[dict], step: int
+) -> dict[tuple[str, str], dict]:
+    """Per (defense, attack), the whole pool's networks of a ``bayes/table2-pool`` record
+    beside the paper's Table 2 cell (``reference``: the paper's rows; ``step``: the record's
+    ``train_step``): ``"psnr"``, the mean over the network seeds and the victims with
+    :func:`~.paired.crossed_interval` (each seed's network is another draw of the cell's
+    training), ``"paper"`` and ``"seeds"``. Cells with fewer than two seeds are left out,
+    as one network has no spread to count."""
+    paper = {(r["dataset"], r["defense"], r["step"], r["attack"]): r["psnr"] for r in reference}
+    per: dict[tuple[str, str, str], dict[int, list[float]]] = {}
+    for r in rows:
+        if r["pool"] == 1.0:
+            per.setdefault((r["dataset"], r["defense"], r["attack"]), {})[r["seed"]] = r[
+                "psnr_per_image"
+            ]
+    return {
+        (d, a): {
+            "psnr": crossed_interval([seeds[s] for s in sorted(seeds)]),
+            "paper": paper[(dataset, d, step, a)],
+            "seeds": tuple(sorted(seeds)),
+        }
+        for (dataset, d, a), seeds in per.items()
+        if len(seeds) > 1
+    }
+
+
+def pool_cells_text(cells: dict[tuple[str, str], dict]) -> str:
+    """The chapter's sentences on :func:`pool_cells`: each cell's mean over the networks with
+    its interval and the paper's number, and in how many cells the paper's number lies inside
+    (strictly: the paper's own sampling error is not counted). Empty without cells."""
+    if not cells:
+        return ""
+    seeds = sorted({s for c in cells.values() for s in c["seeds"]})
+    first = next(iter(cells.values()))["psnr"]
+    per_defense: dict[str, list[str]] = {}
+    for (d, a), c in cells.items():
+        got = c["psnr"]
+        per_defense.setdefault(d, []).append(
+            f"{a} {got.mean:.2f} ({got.low:.2f} to {got.high:.2f}; paper {c['paper']:.2f})"
+        )
+    higher = sum(c["psnr"].low > c["paper"] for c in cells.values())
+    lower = sum(c["psnr"].high < c["paper"] for c in cells.values())
+    return (
+        f" Taken together, the whole pool's networks (seeds {', '.join(map(str, seeds))}) give "
+        f"each cell a mean whose {first.confidence:.0%} interval counts the networks' spread "
+        f"as well as that of the {first.n} victims (`crossed_interval`): "
+        + "; ".join(f"{d}: " + ", ".join(parts) for d, parts in per_defense.items())
+        + f". The paper's number lies inside {len(cells) - higher - lower} of these "
+        f"{len(cells)} intervals; {higher} lie wholly above it (these networks leak more than "
+        f"the paper's) and {lower} wholly below it."
+    )
