@@ -52,7 +52,7 @@ from .case import build_case
 from .config import ScaleConfig
 from .registry import Context, experiment
 
-__all__ = ["DATASETS", "POOL", "table2_pool", "table2_settings"]
+__all__ = ["DATASETS", "POOL", "cell_rows", "table2_pool", "table2_settings"]
 
 #: Table 2's keys that name its cells, which this experiment sets itself.
 _CELLS = ("datasets", "train_steps", "defenses")
@@ -107,17 +107,24 @@ def table2_settings(
     )
 
 
-def _pool_rows(
-    ctx: Context, name: str, seed: int, pool: float, tuned: tuple[dict[str, Setting], str] | None
+def cell_rows(
+    ctx: Context,
+    cell: tuple[str, int, str],
+    seed: int,
+    tuned: tuple[dict[str, Setting], str] | None,
+    *,
+    pool: float = 1.0,
 ) -> tuple[list[dict], tuple[dict[str, Setting], str]]:
-    """The rows of one share ``pool`` in the unit (``name``, ``seed``) of :func:`table2_pool`,
-    and the settings its attacks took: ``tuned`` (setting per attack, its source), or at
-    ``None`` the ci search's on this network."""
-    cfg = ctx.config
-    victims_offset, search_offset = cell_offsets(TABLE2.paper, cfg.dataset, cfg.train_step, name)
-    model, victims = scenario(ctx, cfg.dataset, cfg.train_step, cfg.victims, defense=name,
-                              pool=pool, seed=seed)  # fmt: skip
-    images = len(training_pool(ctx, cfg.dataset, victims, pool=pool, seed=seed)[1])
+    """Table 2's ``cell`` (dataset, step, defense) again with the network of ``seed`` trained on
+    the share ``pool`` of its pool: one row per attack of the config, and the settings the
+    attacks took, ``tuned`` (setting per attack, its source) or at ``None`` the ci search's on
+    this network. The victims, their noise and the attacks' starting images are the cell's
+    (:func:`.bayes_tables.cell_offsets`). Rows: ``dataset``, ``defense``, ``seed``, ``attack``,
+    ``psnr``, ``psnr_per_image``, ``tuned``, ``tuned_from``, ``update_norm`` and
+    ``update_norm_per_image``; :func:`table2_pool` and :mod:`.bayes_networks` add their keys."""
+    cfg, (dataset, step, name) = ctx.config, cell
+    victims_offset, search_offset = cell_offsets(TABLE2.paper, dataset, step, name)
+    model, victims = scenario(ctx, dataset, step, cfg.victims, defense=name, pool=pool, seed=seed)
     defense = make_defense(name, seed=ctx.seed)
     case = build_case(model, *victims, defense=defense, device=ctx.device,
                       generator=ctx.generator(victims_offset))  # fmt: skip
@@ -135,12 +142,25 @@ def _pool_rows(
     rows = []
     for a in names:
         psnr = case.score_images(case.reconstructions(result, a), "psnr")
-        rows.append({"dataset": cfg.dataset, "defense": name, "seed": seed, "pool": pool,
-                     "pool_images": images, "attack": a, "psnr": float(psnr.mean()),
-                     "psnr_per_image": psnr.tolist(), "tuned": asdict(settings[a]),
-                     "tuned_from": source, "update_norm": float(norms.mean()),
-                     "update_norm_per_image": norms.tolist()})  # fmt: skip
+        rows.append({"dataset": dataset, "defense": name, "seed": seed, "attack": a,
+                     "psnr": float(psnr.mean()), "psnr_per_image": psnr.tolist(),
+                     "tuned": asdict(settings[a]), "tuned_from": source,
+                     "update_norm": float(norms.mean()), "update_norm_per_image": norms.tolist()})  # fmt: skip
     return rows, tuned
+
+
+def _pool_rows(
+    ctx: Context, name: str, seed: int, pool: float, tuned: tuple[dict[str, Setting], str] | None
+) -> tuple[list[dict], tuple[dict[str, Setting], str]]:
+    """The rows of one share ``pool`` in the unit (``name``, ``seed``) of :func:`table2_pool`
+    (:func:`cell_rows` with the share and how many distinct images it holds)."""
+    cfg = ctx.config
+    rows, tuned = cell_rows(ctx, (cfg.dataset, cfg.train_step, name), seed, tuned, pool=pool)
+    victims = ctx.dataset(cfg.dataset, cfg.victims, split="train", shuffle=False)
+    images = len(training_pool(ctx, cfg.dataset, victims, pool=pool, seed=seed)[1])
+    keys = ("dataset", "defense", "seed")
+    return [{**{k: r[k] for k in keys}, "pool": pool, "pool_images": images,
+             **{k: v for k, v in r.items() if k not in keys}} for r in rows], tuned  # fmt: skip
 
 
 @experiment(

@@ -182,6 +182,26 @@ def pool_work(ctx: Context) -> list[list[Load]]:
     return units
 
 
+def networks_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/table2-networks``: per (cell, network seed), the network's training (after
+    training) and every attack on every victim; at ci the unit's search too (at paper scale
+    the settings are the Table 2 record's)."""
+    cfg, units = ctx.config, []
+    loop = preset("l2", steps=cfg.steps).config
+    for dataset, step, defense in cfg.cells:
+        net = bayes_cnn_net(image_shape(ctx, dataset))
+        for _ in cfg.seeds:
+            loads = _training(net, cfg.train_batch, step)
+            if cfg.tuned_from == "search":
+                groups = [[a] for a in cfg.attacks]
+                loads += _tuned(ctx, net, groups, [1] * len(groups), defense)
+            else:
+                loads += [_attack(net, loop, cfg.victims, _bayes_objective(a, defense))
+                          for a in cfg.attacks]  # fmt: skip
+            units.append(loads)
+    return units
+
+
 def table5_work(ctx: Context) -> list[list[Load]]:
     """``bayes/table5-priors``: per defense, the network's training (each unit trains its own,
     under its defense), the search for the TV prior and every φ, and the final attacks of TV and
