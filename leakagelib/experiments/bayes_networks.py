@@ -3,8 +3,8 @@
 A diagnosis of our records, not an experiment of the paper (Balunović et al., ICLR 2022). Each
 Table 2 cell attacks the updates of one ``bayes-cnn``, drawn with the run's seed and, at step
 500, trained with it (:func:`~.bayes_scenario.scenario`); its interval covers the victims, not
-the network. The pool record (:mod:`.bayes_pool`) found the means of three networks of a
-CIFAR-10 cell spread by up to about 2 dB, as much as some cells miss the paper by.
+the network. In the pool record (:mod:`.bayes_pool`) the means of three networks of one
+CIFAR-10 cell spread as far apart as some cells miss the paper by.
 
 ``bayes/table2-networks`` repeats each cell with other network seeds. A seed draws the
 initialisation and, after training, the training order and the training noise; the victims,
@@ -101,7 +101,7 @@ def table2_networks(ctx: Context) -> list[dict]:
     def unit(key: tuple[str, int, str, int]) -> list[dict]:
         cell, seed = key[:3], key[3]
         rows, _ = cell_rows(ctx, cell, seed, recorded.get(cell))
-        return [{"dataset": r["dataset"], "step": cell[1], **r} for r in rows]
+        return [{"dataset": r["dataset"], "step": cell[1], **r} for r in rows]  # step 2nd
 
     keys = [(*cell, seed) for cell in cfg.cells for seed in cfg.seeds]
     return ctx.units(keys, unit, "table2-networks")
