@@ -39,14 +39,20 @@ def _scores(found) -> list[tuple[str, str, float]]:
     return [(r["stage"], r["attack"], r["psnr"]) for r in found.rows]
 
 
-def _same_search(found, whole) -> None:
-    """The same candidates scored alike (to float rounding: programs of other sizes batch the
-    attacks otherwise) and the same settings chosen."""
-    assert [s[:2] for s in _scores(found)] == [s[:2] for s in _scores(whole)]
+def _same_scores(found, whole) -> None:
+    """The same candidates' PSNRs alike to float32 rounding, in which the attacks run: programs
+    of other sizes batch them otherwise, which moves a PSNR in its last float32 digits on some
+    CPUs (6e-6 dB of 16.6 with AVX-512 on an AMD EPYC, 2026-12-02)."""
     torch.testing.assert_close(
-        torch.tensor([p for *_, p in _scores(found)], dtype=torch.float64),
-        torch.tensor([p for *_, p in _scores(whole)], dtype=torch.float64),
+        torch.tensor([p for *_, p in _scores(found)], dtype=torch.float32),
+        torch.tensor([p for *_, p in _scores(whole)], dtype=torch.float32),
     )
+
+
+def _same_search(found, whole) -> None:
+    """The same candidates scored alike (:func:`_same_scores`) and the same settings chosen."""
+    assert [s[:2] for s in _scores(found)] == [s[:2] for s in _scores(whole)]
+    _same_scores(found, whole)
     assert found.best == whole.best
 
 
@@ -55,10 +61,7 @@ def test_a_search_split_into_programs_scores_every_candidate_as_the_whole_stage_
     whole = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=10**6)
     split = search(**problem, generator=torch.Generator().manual_seed(5), program_attacks=2)
     assert [r["stage"] for r in split.rows] == [r["stage"] for r in whole.rows]
-    torch.testing.assert_close(
-        torch.tensor([p for *_, p in _scores(split)], dtype=torch.float64),
-        torch.tensor([p for *_, p in _scores(whole)], dtype=torch.float64),
-    )
+    _same_scores(split, whole)
     assert split.best == whole.best
     # the scores differ between candidates, so equal scores are not a constant
     assert len({round(p, 6) for *_, p in _scores(whole)}) > 4
