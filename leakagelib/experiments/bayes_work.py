@@ -166,18 +166,12 @@ def pool_work(ctx: Context) -> list[list[Load]]:
     (at paper scale the settings are the Table 2 record's)."""
     cfg, units = ctx.config, []
     net = bayes_cnn_net(image_shape(ctx, cfg.dataset))
-    loop = preset("l2", steps=cfg.steps).config
     for defense in cfg.defenses:
         for _ in cfg.seeds:
             loads = []
             for k, _ in enumerate(cfg.pools):
                 loads += _training(net, cfg.train_batch, cfg.train_step)
-                if k == 0 and cfg.tuned_from == "search":  # the search, then the attacks
-                    groups = [[a] for a in cfg.attacks]
-                    loads += _tuned(ctx, net, groups, [1] * len(groups), defense)
-                else:
-                    loads += [_attack(net, loop, cfg.victims, _bayes_objective(a, defense))
-                              for a in cfg.attacks]  # fmt: skip
+                loads += _cell_attacks(ctx, net, defense, k == 0 and cfg.tuned_from == "search")
             units.append(loads)
     return units
 
@@ -187,19 +181,23 @@ def networks_work(ctx: Context) -> list[list[Load]]:
     training) and every attack on every victim; at ci the unit's search too (at paper scale
     the settings are the Table 2 record's)."""
     cfg, units = ctx.config, []
-    loop = preset("l2", steps=cfg.steps).config
     for dataset, step, defense in cfg.cells:
         net = bayes_cnn_net(image_shape(ctx, dataset))
         for _ in cfg.seeds:
-            loads = _training(net, cfg.train_batch, step)
-            if cfg.tuned_from == "search":
-                groups = [[a] for a in cfg.attacks]
-                loads += _tuned(ctx, net, groups, [1] * len(groups), defense)
-            else:
-                loads += [_attack(net, loop, cfg.victims, _bayes_objective(a, defense))
-                          for a in cfg.attacks]  # fmt: skip
-            units.append(loads)
+            searched = _cell_attacks(ctx, net, defense, cfg.tuned_from == "search")
+            units.append(_training(net, cfg.train_batch, step) + searched)
     return units
+
+
+def _cell_attacks(ctx: Context, net: Net, defense: str, search: bool) -> list[Load]:
+    """A Table 2 cell's attacks on one network (:func:`pool_work`, :func:`networks_work`):
+    every attack of the config on every victim, after the ci search when ``search``."""
+    cfg = ctx.config
+    if search:
+        groups = [[a] for a in cfg.attacks]
+        return _tuned(ctx, net, groups, [1] * len(groups), defense)
+    loop = preset("l2", steps=cfg.steps).config
+    return [_attack(net, loop, cfg.victims, _bayes_objective(a, defense)) for a in cfg.attacks]
 
 
 def table5_work(ctx: Context) -> list[list[Load]]:
