@@ -177,8 +177,8 @@ def test_the_pool_cells_count_the_networks_spread_beside_the_paper():
     assert got["psnr"].mean == pytest.approx(sum(map(sum, whole)) / 8)
     one = mean_interval(whole[0])
     assert got["psnr"].high - got["psnr"].low > one.high - one.low
-    assert "inside 1 of these 1 intervals; 0 lie wholly above" in pool_cells_text(cells)
+    assert "inside 1 of the 1 cell intervals; 0 lie wholly above" in pool_cells_text(cells)
     far = pool_cells(rows, [{**paper[0], "psnr": 10.0}], 500)
-    assert "inside 0 of these 1 intervals; 1 lie wholly above" in pool_cells_text(far)
+    assert "inside 0 of the 1 cell intervals; 1 lie wholly above" in pool_cells_text(far)
     assert pool_cells([r for r in rows if r["seed"] == 0], paper, 500) == {}, "one network"
     assert pool_cells_text({}) == ""

@@ -200,16 +200,26 @@ def pool_cells_text(cells: dict[tuple[str, str], dict]) -> str:
         per_defense.setdefault(d, []).append(
             f"{a} {got.mean:.2f} ({got.low:.2f} to {got.high:.2f}; paper {c['paper']:.2f})"
         )
-    higher = sum(c["psnr"].low > c["paper"] for c in cells.values())
-    lower = sum(c["psnr"].high < c["paper"] for c in cells.values())
     return (
         f" Taken together, the whole pool's networks (seeds {', '.join(map(str, seeds))}) give "
         f"each cell a mean whose {first.confidence:.0%} interval counts the networks' spread "
         f"as well as that of the {first.n} victims (`crossed_interval`): "
         + "; ".join(f"{d}: " + ", ".join(parts) for d, parts in per_defense.items())
-        + f". The paper's number lies inside {len(cells) - higher - lower} of these "
-        f"{len(cells)} intervals; {higher} lie wholly above it (these networks leak more than "
-        f"the paper's) and {lower} wholly below it."
+        + ". "
+        + _placed([(c["psnr"], c["paper"]) for c in cells.values()], "cell")
+    )
+
+
+def _placed(pairs: Sequence[tuple[PairedGap, float]], what: str) -> str:
+    """Where the paper's numbers lie against the intervals of ``pairs`` (interval, paper's
+    number), one per ``what``: inside, or below or above an interval (the sentence that ends
+    :func:`pool_cells_text` and :func:`network_text`)."""
+    inside = sum(got.low <= p <= got.high for got, p in pairs)
+    higher = sum(got.low > p for got, p in pairs)
+    return (
+        f"The paper's number lies inside {inside} of the {len(pairs)} {what} intervals; "
+        f"{higher} lie wholly above it (these networks leak more than the paper's) and "
+        f"{len(pairs) - inside - higher} wholly below it."
     )
 
 
@@ -293,13 +303,7 @@ def network_text(cells: dict[tuple[str, int, str], dict], total: int, note: str)
             f" under pruning the Bayes attack's gain over a heuristic lies above zero in "
             f"{sum(g.low > 0 for g in gaps)} of {len(gaps)} (cell, heuristic) pairs, "
             f"{min(g.mean for g in gaps):+.2f} to {max(g.mean for g in gaps):+.2f} dB (the "
-            f"paper's Bayes is ahead in {paper} of them);"
+            f"paper's Bayes is ahead in {paper} of them)."
         )
     psnr = [(got, c["paper"][a]) for c in cells.values() for a, got in c["psnr"].items()]
-    inside = sum(got.low <= p <= got.high for got, p in psnr)
-    higher = sum(got.low > p for got, p in psnr)
-    return text + (
-        f" the paper's PSNR lies inside {inside} of the {len(psnr)} (cell, attack) intervals; "
-        f"{higher} lie wholly above it (these networks leak more than the paper's) and "
-        f"{len(psnr) - inside - higher} wholly below it."
-    )
+    return text + " " + _placed(psnr, "(cell, attack)")
