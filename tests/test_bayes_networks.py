@@ -102,18 +102,20 @@ def test_the_bayes_attack_leads_under_pruning_over_the_ci_networks(seed: int):
     assert all(g.low > 0 for g in cell["gaps"].values()), cell["gaps"]
 
 
-def test_the_networks_record_keeps_the_bayes_lead_in_the_mnist_pruning_cells():
+def test_the_networks_record_keeps_the_bayes_lead_in_the_pruning_cells():
     """Table 2's claim where the paper makes it, on the committed record (the chapter asserts
-    the same): in each MNIST pruning cell with two networks or more, the Bayes attack's gain
-    over ℓ2, ℓ1 and cosine lies above zero over networks and victims."""
+    the same): in each pruning cell with two networks or more, the Bayes attack's gain over
+    each heuristic the paper's Bayes beats lies above zero over networks and victims; the
+    MNIST pruning cells, where the issue asks for it, are among them."""
     record, _ = reporting.results_record(NETWORKS_ID)
     assert record is not None, "results/bayes-table2-networks.json: the chapter reads it"
     tables2 = {"re-run": (reporting.rerun_record("bayes/table2")[0] or {}).get("rows", []),
                "record": records.paper_record("bayes/table2")["rows"]}  # fmt: skip
     reference = experiments.get("bayes/table2").reference
     cells = network_cells(record["rows"], tables2, reference)
-    pruned = {k: c for k, c in cells.items() if k[0] == "mnist" and k[2].startswith("prune")}
-    assert pruned, "no MNIST pruning cell has two networks in the record"
+    pruned = {k: c for k, c in cells.items() if k[2].startswith("prune")}
+    assert {k for k in pruned if k[0] == "mnist"}, "no MNIST pruning cell has two networks"
     for key, cell in pruned.items():
         assert set(cell["gaps"]) == {"l2", "l1", "cosine"}
-        assert all(g.low > 0 for g in cell["gaps"].values()), (key, cell["gaps"])
+        ahead = {a: g for a, g in cell["gaps"].items() if cell["paper_gaps"][a] > 0}
+        assert ahead and all(g.low > 0 for g in ahead.values()), (key, cell["gaps"])
