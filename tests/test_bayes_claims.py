@@ -151,3 +151,62 @@ def test_fig2_network_sentence_says_from_when_the_record_has_memorised_its_image
     assert "From epoch 2 on, the record's network has memorised its 400 training images, " in said
     assert said.endswith("attack a network unlike the paper's and do not measure its curve.")
     assert "memorised" not in text(learning)
+
+
+def _network(step, accuracy, loss=2.3):
+    """A Fig. 2 record's Soteria network row (:func:`~.bayes_soteria.convbig_fit`)."""
+    return {"defense": "soteria network", "step": step, "epoch": step / 1562, "train_images": 400,
+            "train_loss": loss, "train_accuracy": accuracy, "victim_loss": 3.0,
+            "victim_accuracy": 0.2}  # fmt: skip
+
+
+def test_networks_collapse_only_after_a_shorter_run_had_memorised_its_images():
+    """A network at chance counts as collapsed after a shorter run memorised its images, not
+    before training has taken hold (the step-wise run, the first epoch at rate 10⁻⁴)."""
+    early = [_network(0, 0.1), _network(10, 0.1), _network(1562, 0.205)]
+    assert bayes_claims.collapsed_steps(early) == []
+    fitted = early + [_network(3124, 1.0, 0.001), _network(4686, 0.998, 0.005)]
+    assert bayes_claims.collapsed_steps(fitted) == []
+    dead = fitted + [_network(6248, 0.1175, 2.2895), _network(7810, 0.1175, 2.2895)]
+    assert bayes_claims.collapsed_steps(dead[::-1]) == [6248, 7810]  # any order
+    said = bayes_claims.fig2_network_text(dead)
+    assert "From epoch 4 on the runs collapsed: their networks classify at most 12 % of their " \
+        "training images right, where a shorter run had classified 100 %" in said  # fmt: skip
+    assert "collapsed" not in bayes_claims.fig2_network_text(fitted)
+
+
+def test_fig2_records_sentence_leaves_collapsed_networks_out_of_the_fall():
+    """The fall is read to the last network that had not collapsed, and the collapsed points
+    are named with how far apart the two attacks score on them."""
+
+    def rows(step, drop, direct):
+        return [{"defense": d, "step": step, "psnr": sum(v) / len(v), "psnr_per_image": v}
+                for d, v in (("soteria", drop), ("soteria (direct attack)", direct))]  # fmt: skip
+
+    curve = rows(0, [26.0, 27.0, 25.0], [12.0] * 3) + rows(3124, [20.0, 22.0, 21.0], [9.0] * 3)
+    curve += rows(6248, [12.0, 12.5, 13.0], [12.0, 12.5, 13.0])
+    networks = [_network(0, 0.1), _network(3124, 1.0, 0.001), _network(6248, 0.1175, 2.2895)]
+    said = bayes_claims.fig2_record_text(curve, "", 10, networks)
+    assert "between steps 0 and 3124 the layer-drop attack loses 5.0 dB" in said
+    assert said.endswith(
+        "after steps 6248, whose networks had collapsed (below), the layer-drop and the direct "
+        "attack score the same on every image."
+    )
+    assert "between steps 0 and 6248" in bayes_claims.fig2_record_text(curve, "", 10)
+
+
+def test_the_committed_fig2_record_names_its_collapsed_networks():
+    """The record's Soteria runs of 8 to 10 epochs give every image one output (their loss is
+    the entropy of their training labels): the chapter's sentences say so, read from the record."""
+    from leakagelib.experiments import bayes_fig2_records
+    from leakagelib.reporting import results_record
+
+    record, _ = results_record("bayes/fig2-training")
+    networks = bayes_fig2_records.record_networks(record)
+    if len(networks) < 12:
+        pytest.skip("the record has not measured its Soteria networks of 8 to 10 epochs yet")
+    dead = bayes_claims.collapsed_steps(networks)
+    assert [n["epoch"] for n in networks if n["step"] in dead] == [8.0, 9.0, 10.0]
+    rows = bayes_fig2_records.curve_rows(record)
+    said = bayes_claims.fig2_record_text(rows, "", 10, networks)
+    assert "the layer-drop and the direct attack score the same on every image" in said
