@@ -128,7 +128,8 @@ def _pool_verdict(gains: dict[tuple[str, int, str], PairedGap]) -> str:
         parts.append(f" To {', '.join(mixed)} the change differs in sign between the networks.")
     if less or mixed:
         parts.append(
-            f" So the pool's size does not explain the excess of {', '.join(less + mixed)}."
+            " So, with the cells' tuned settings, the pool's size does not explain the excess "
+            f"of {', '.join(less + mixed)}."
         )
     return "".join(parts)
 
