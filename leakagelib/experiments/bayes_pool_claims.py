@@ -5,7 +5,8 @@ same victims, and :func:`pool_text` reads those gains in words beside the Table 
 excess over the paper; :func:`pool_repeats_cell` checks that the whole pool with the run's
 seed repeats the Table 2 cell; :func:`pool_cells` and :func:`pool_cells_text` set the whole
 pool's networks, all seeds together, beside the paper's cells, with an interval that counts
-the networks' spread as well as the images' (:func:`.paired.crossed_interval`). The chapter
+the networks' spread as well as the images' (:func:`.paired.crossed_interval`);
+:func:`pool_rate_text` reads ``bayes/table2-pool-rate``, the cosine at other rates. The chapter
 "Bayes versus heuristics under defenses" glues them under its Table 2 record, and
 ``tests/test_bayes_pool.py`` checks them.
 """
@@ -24,6 +25,7 @@ __all__ = [
     "pool_cells",
     "pool_cells_text",
     "pool_gains",
+    "pool_rate_text",
     "pool_repeats_cell",
     "pool_text",
 ]
@@ -40,6 +42,52 @@ def pool_gains(rows: Sequence[dict]) -> dict[tuple[str, int, str], PairedGap]:
         for (d, s, a, share), r in by.items()
         if share == 1.0 and (d, s, a, smallest) in by and smallest < 1.0
     }
+
+
+def pool_rate_text(rows: Sequence[dict], note: str) -> str:
+    """The chapter's paragraph on ``bayes/table2-pool-rate`` (:mod:`.bayes_pool_rate`): per
+    rate and defense, the smaller share's paired change in the cosine's mean over the network
+    seeds (:func:`pool_gains`); at which rate each network scores highest; and at which rates
+    the smaller share's mean rises on every network, which says whether the cosine's fall at
+    its tuned rate in the pool record belongs to the rate. Numbers read, never typed."""
+    gains = pool_gains(rows)
+    if not gains:
+        return f"The rate record{note} has no unit with both shares of the pool yet."
+    factor = {r["attack"]: r["rate_factor"] for r in rows}
+    labels = sorted(dict.fromkeys(k[2] for k in gains), key=factor.__getitem__)
+    parts = []
+    for label in labels:
+        per = []
+        for d in dict.fromkeys(k[0] for k in gains):
+            mine = [g for k, g in gains.items() if (k[0], k[2]) == (d, label)]
+            means = [g.mean for g in mine]
+            per.append(f"{d} {min(means):+.2f} to {max(means):+.2f} dB (above zero on "
+                       f"{sum(g.low > 0 for g in mine)} of {len(mine)})")  # fmt: skip
+        parts.append(f"at {factor[label]:g}× its tuned rate " + ", ".join(per))
+    text = (
+        f"In the rate record{note}, on the first {next(iter(gains.values())).n} victims of "
+        "each network, the smaller share of the pool changes the cosine attack's mean PSNR by "
+        "(paired, over the network seeds): " + "; ".join(parts) + "."
+    )
+    best: dict[tuple[str, int, float], dict] = {}
+    for r in rows:
+        key = (r["defense"], r["seed"], r["pool"])
+        best[key] = r if key not in best or r["psnr"] > best[key]["psnr"] else best[key]
+    smallest = min(r["pool"] for r in rows)
+    for share, whose in ((1.0, "the whole pool's"), (smallest, "the smaller pool's")):
+        tops = [r["rate_factor"] for k, r in best.items() if k[2] == share]
+        counted = ", ".join(f"{f:g}× on {tops.count(f)}" for f in sorted(set(tops)))
+        text += f" Best rate of {whose} {len(tops)} networks: {counted}."
+    rising = [factor[b] for b in labels if all(g.mean > 0 for k, g in gains.items() if k[2] == b)]
+    if not rising:
+        return text + " At no rate does the smaller share's mean rise on every network."
+    text += (
+        f" At {', '.join(f'{f:g}×' for f in rising)} the tuned rate the smaller share's mean "
+        "rises on every network"
+    )
+    if 1.0 in rising:
+        return text + "."
+    return text + ": where the cosine falls at its tuned rate, the fall belongs to the rate."
 
 
 def pool_repeats_cell(

@@ -59,6 +59,7 @@ __all__ = [
     "fig4_work",
     "fig5_work",
     "fig7_work",
+    "pool_rate_work",
     "pool_work",
     "precode_work",
     "table2_work",
@@ -172,6 +173,27 @@ def pool_work(ctx: Context) -> list[list[Load]]:
             for k, _ in enumerate(cfg.pools):
                 loads += _training(net, cfg.train_batch, cfg.train_step)
                 loads += _cell_attacks(ctx, net, defense, k == 0 and cfg.tuned_from == "search")
+            units.append(loads)
+    return units
+
+
+def pool_rate_work(ctx: Context) -> list[list[Load]]:
+    """``bayes/table2-pool-rate``: per (defense, network seed), for each share of the pool the
+    network's training and the cosine at every rate on ``rate_victims`` victims; at ci the
+    first share's search for the cosine too (at paper scale the setting is the Table 2
+    record's)."""
+    cfg, units = ctx.config, []
+    net = bayes_cnn_net(image_shape(ctx, cfg.dataset))
+    loop = preset("l2", steps=cfg.steps).config
+    for defense in cfg.defenses:
+        cosine = _bayes_objective("cosine", defense)
+        for _ in cfg.seeds:
+            loads = []
+            for k, _ in enumerate(cfg.pools):
+                loads += _training(net, cfg.train_batch, cfg.train_step)
+                if k == 0 and cfg.tuned_from == "search":
+                    loads += _tuned(ctx, net, [["cosine"]], [1], defense)[:-1]  # its stages
+                loads.append(_attack(net, loop, len(cfg.rate_factors) * cfg.rate_victims, cosine))
             units.append(loads)
     return units
 
