@@ -27,19 +27,9 @@ so that the pool's size is the only difference (a paired comparison over the vic
   within their paired intervals (``tests/test_bayes_pool.py`` checks the two records).
 
 *The cosine's learning rate.* In the record the cosine attack is the one whose mean falls on
-some smaller-pool networks. Its tuned rate (0.6 in both cells) sits just below the rates at which
-it fails, and a probe (2026-12-07, one thread, commit 310c103; the first 20 victims of each
-cell, the cell's tuned setting with only the rate changed, both shares of each network seed)
-measured the smaller share's paired change at that rate and at half of it. Gaussian, seeds 0, 1,
-2: −1.12, −2.58, −0.36 dB at the rate; +1.50 (95 % interval 0.77 to 2.23), +1.19 (−0.08 to
-2.46), +1.43 (0.71 to 2.15) at half. Laplacian: +0.28, +1.32, +1.09 at the rate; +2.15 (1.64
-to 2.66), +3.27 (2.79 to 3.75), +0.93 (0.53 to 1.33) at half. Half the rate scores about as
-well as the rate on the whole pool's networks (within 0.6 dB, but Laplacian seed 2: 18.85
-against 16.24 dB) and better on every smaller-pool network; at twice the rate every network
-scores lower, the smaller pool's 9.0 to 12.9 dB (16.9 to 18.6 at the rate). So the cosine's
-fall belongs to its tuned rate, near which the smaller pool's networks stop the attack from
-converging, not to the pool: at half the rate the cosine, like the other three attacks, leaks
-more on the smaller pool (five of the six intervals above zero).
+some smaller-pool networks; its tuned rate sits just below the rates at which it fails, and
+``bayes/table2-pool-rate`` (:mod:`.bayes_pool_rate`) attacks these networks again at half,
+once and twice that rate (its docstring has the probe that led to it).
 
 The chapter "Bayes versus heuristics under defenses" runs it and shows its record where
 Table 2's CIFAR-10 cells miss the paper, read by :mod:`.bayes_pool_claims`: what the smaller

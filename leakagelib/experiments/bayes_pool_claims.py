@@ -60,9 +60,10 @@ def pool_rate_text(rows: Sequence[dict], note: str) -> str:
         per = []
         for d in dict.fromkeys(k[0] for k in gains):
             mine = [g for k, g in gains.items() if (k[0], k[2]) == (d, label)]
-            means = [g.mean for g in mine]
-            per.append(f"{d} {min(means):+.2f} to {max(means):+.2f} dB (above zero on "
-                       f"{sum(g.low > 0 for g in mine)} of {len(mine)})")  # fmt: skip
+            low, high = min(g.mean for g in mine), max(g.mean for g in mine)
+            change = f"{low:+.2f}" if len(mine) == 1 else f"{low:+.2f} to {high:+.2f}"
+            per.append(f"{d} {change} dB (above zero on {sum(g.low > 0 for g in mine)} of "
+                       f"{len(mine)})")  # fmt: skip
         parts.append(f"at {factor[label]:g}× its tuned rate " + ", ".join(per))
     text = (
         f"In the rate record{note}, on the first {next(iter(gains.values())).n} victims of "
@@ -77,7 +78,7 @@ def pool_rate_text(rows: Sequence[dict], note: str) -> str:
     for share, whose in ((1.0, "the whole pool's"), (smallest, "the smaller pool's")):
         tops = [r["rate_factor"] for k, r in best.items() if k[2] == share]
         counted = ", ".join(f"{f:g}× on {tops.count(f)}" for f in sorted(set(tops)))
-        text += f" Best rate of {whose} {len(tops)} networks: {counted}."
+        text += f" Best rate of {whose} {len(tops)} network{'s' * (len(tops) > 1)}: {counted}."
     rising = [factor[b] for b in labels if all(g.mean > 0 for k, g in gains.items() if k[2] == b)]
     if not rising:
         return text + " At no rate does the smaller share's mean rise on every network."

@@ -14,10 +14,20 @@ trained on each share of its pool (:func:`.bayes_scenario.scenario`, the cell's 
 kept out of it), the cell's tuned setting (at paper scale the Table 2 record's,
 :func:`.bayes_pool.table2_settings`; at ci scale the ci search's on the unit's first share) and
 the cell's generators (:func:`.bayes_tables.cell_offsets`). It attacks the first
-``rate_victims`` of the victims, every rate as one batched program. Measured before it was
-registered (2026-12-07, one thread, 20 victims): at half the tuned rate the smaller share
-rose on all six networks, on five with its interval above zero, and half the rate scored
-within 0.6 dB of the rate on five of the six whole-pool networks (the sixth 2.6 dB above).
+``rate_victims`` of the victims, every rate as one batched program.
+
+The probe that led to it (2026-12-07, one thread, commit 310c103; the first 20 victims of each
+cell, the cell's tuned setting with only the rate changed, rates of 0.25 to 4 times the tuned
+one in one program) measured the smaller share's paired change at the tuned rate and at half of
+it. Gaussian, seeds 0, 1, 2: −1.12, −2.58, −0.36 dB at the rate; +1.50 (95 % interval 0.77 to
+2.23), +1.19 (−0.08 to 2.46), +1.43 (0.71 to 2.15) at half. Laplacian: +0.28, +1.32, +1.09 at
+the rate; +2.15 (1.64 to 2.66), +3.27 (2.79 to 3.75), +0.93 (0.53 to 1.33) at half. Half the
+rate scores about as well as the rate on the whole pool's networks (within 0.6 dB, but
+Laplacian seed 2: 18.85 against 16.24 dB) and better on every smaller-pool network; at twice
+the rate every network scores lower, the smaller pool's 9.0 to 12.9 dB (16.9 to 18.6 at the
+rate). So the cosine's fall belongs to its tuned rate, near which the smaller pool's networks
+stop the attack from converging, not to the pool: at half the rate the cosine, like the other
+three attacks, leaks more on the smaller pool (five of the six intervals above zero).
 
 The chapter "Bayes versus heuristics under defenses" runs it beside the pool experiment and
 reads its record with :func:`.bayes_pool_claims.pool_rate_text`.
