@@ -3,8 +3,6 @@ other learning rates, its checks before any work, and the chapter's paragraph on
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -18,10 +16,9 @@ RATE_ID = "bayes/table2-pool-rate"
 
 
 def ci_context(**changes: object) -> Context:
-    config = experiments.get(RATE_ID).config
-    return Context(
-        scale="ci", progress=False, settings=replace(config, ci={**config.ci, **changes})
-    )
+    """A ci run of the experiment with ``changes`` to its ci settings (as ``--set`` makes them)."""
+    settings = experiments.get(RATE_ID).config.changed("ci", changes)
+    return Context(scale="ci", progress=False, settings=settings)
 
 
 @pytest.mark.parametrize(
