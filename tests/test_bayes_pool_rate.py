@@ -30,6 +30,8 @@ def ci_context(**changes: object) -> Context:
         ({"rate_victims": 0}, "rate_victims = 0"),
         ({"rate_victims": 9}, "use 1 to victims \\(8\\)"),
         ({"defenses": ("gauss",)}, "unknown defenses \\['gauss'\\]"),
+        ({"pools": (0.5,)}, "the whole pool \\(1.0\\) among them"),
+        ({"train_step": 250}, "is not a cell of Table 2"),
     ],
 )
 def test_settings_it_cannot_run_are_refused_before_any_training(change, message):

@@ -54,10 +54,10 @@ from .bayes_scenario import (
 from .bayes_tables import TABLE2, cell_offsets
 from .bayes_work import pool_work
 from .case import build_case
-from .config import ScaleConfig
+from .config import ScaleConfig, Settings
 from .registry import Context, experiment
 
-__all__ = ["DATASETS", "POOL", "cell_rows", "table2_pool", "table2_settings"]
+__all__ = ["DATASETS", "POOL", "cell_rows", "check_settings", "table2_pool", "table2_settings"]
 
 #: Table 2's keys that name its cells, which this experiment sets itself.
 _CELLS = ("datasets", "train_steps", "defenses")
@@ -110,6 +110,30 @@ def table2_settings(
         f"({dataset}, step {step}, {defense}): run `bayes/table2` at paper scale first, or set "
         "tuned_from to 'search'"
     )
+
+
+def check_settings(cfg: Settings) -> Settings:
+    """``cfg`` of :func:`table2_pool` (or of :mod:`.bayes_pool_rate`, which shares its settings),
+    checked before any network is trained: ``tuned_from``, the shares of ``pools`` (the whole
+    pool among them, as the cell's own network), a Table 2 cell, known defenses. Raises
+    ``ValueError`` naming the setting."""
+    if cfg.tuned_from not in ("search", "bayes/table2"):
+        raise ValueError(f"tuned_from = {cfg.tuned_from!r}: use 'search' or 'bayes/table2'")
+    if 1.0 not in cfg.pools or not all(0.0 < p <= 1.0 for p in cfg.pools):
+        raise ValueError(
+            f"pools = {cfg.pools}: each share must be in (0, 1], and the whole pool (1.0) among "
+            "them, as the cell's own network"
+        )
+    steps = tuple(TABLE2.paper["train_steps"])
+    if cfg.train_step not in steps or cfg.dataset not in DATASETS:
+        raise ValueError(
+            f"({cfg.dataset}, step {cfg.train_step}) is not a cell of Table 2: use a dataset "
+            f"of {DATASETS} and a step of {steps}"
+        )
+    unknown = [d for d in cfg.defenses if d not in DEFENSES]
+    if unknown:
+        raise ValueError(f"unknown defenses {unknown}; use some of {', '.join(DEFENSES)}")
+    return cfg
 
 
 def cell_rows(
@@ -191,23 +215,7 @@ def table2_pool(ctx: Context) -> list[dict]:
     ``update_norm_per_image``): the norm of each victim's update before the
     defense's noise, which sets how much of it the noise hides.
     """
-    cfg = ctx.config
-    if cfg.tuned_from not in ("search", "bayes/table2"):
-        raise ValueError(f"tuned_from = {cfg.tuned_from!r}: use 'search' or 'bayes/table2'")
-    if 1.0 not in cfg.pools or not all(0.0 < p <= 1.0 for p in cfg.pools):
-        raise ValueError(
-            f"pools = {cfg.pools}: each share must be in (0, 1], and the whole pool (1.0) among "
-            "them, as the cell's own network"
-        )
-    steps = tuple(TABLE2.paper["train_steps"])
-    if cfg.train_step not in steps or cfg.dataset not in DATASETS:
-        raise ValueError(
-            f"({cfg.dataset}, step {cfg.train_step}) is not a cell of Table 2: use a dataset "
-            f"of {DATASETS} and a step of {steps}"
-        )
-    unknown = [d for d in cfg.defenses if d not in DEFENSES]
-    if unknown:
-        raise ValueError(f"unknown defenses {unknown}; use some of {', '.join(DEFENSES)}")
+    cfg = check_settings(ctx.config)
     recorded = {}  # every cell's settings, read before any network is trained
     if cfg.tuned_from == "bayes/table2":
         recorded = {d: table2_settings(cfg.dataset, cfg.train_step, d, cfg.attacks)

@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 from ..attacks.config import Setting
-from .bayes_pool import POOL, table2_settings
-from .bayes_scenario import DEFENSES, make_defense, scenario, table2_attacks, training_pool, tune
+from .bayes_pool import POOL, check_settings, table2_settings
+from .bayes_scenario import make_defense, scenario, table2_attacks, training_pool, tune
 from .bayes_tables import TABLE2, cell_offsets
 from .bayes_work import pool_rate_work
 from .case import build_case
@@ -110,9 +110,7 @@ def table2_pool_rate(ctx: Context) -> list[dict]:
     ``psnr_per_image`` and ``tuned`` (the setting attacked with). Raises ``ValueError``
     before any network is trained for a setting it cannot run.
     """
-    cfg = ctx.config
-    if cfg.tuned_from not in ("search", "bayes/table2"):
-        raise ValueError(f"tuned_from = {cfg.tuned_from!r}: use 'search' or 'bayes/table2'")
+    cfg = check_settings(ctx.config)  # the pool experiment's settings
     if 1.0 not in cfg.rate_factors or not all(f > 0 for f in cfg.rate_factors):
         raise ValueError(
             f"rate_factors = {cfg.rate_factors}: each must be above 0, and 1.0 (the tuned rate) "
@@ -120,9 +118,6 @@ def table2_pool_rate(ctx: Context) -> list[dict]:
         )
     if not 0 < cfg.rate_victims <= cfg.victims:
         raise ValueError(f"rate_victims = {cfg.rate_victims}: use 1 to victims ({cfg.victims})")
-    unknown = [d for d in cfg.defenses if d not in DEFENSES]
-    if unknown:
-        raise ValueError(f"unknown defenses {unknown}; use some of {', '.join(DEFENSES)}")
     recorded = {}  # every cell's cosine setting, read before any network is trained
     if cfg.tuned_from == "bayes/table2":
         recorded = {d: table2_settings(cfg.dataset, cfg.train_step, d, ["cosine"])[0]["cosine"]
