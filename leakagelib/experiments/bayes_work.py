@@ -116,7 +116,7 @@ def _tuned(
     defense: str,
     distance: dict[str, str] | None = None,
 ) -> list[Load]:
-    """A.3's search, then ``final[i]`` tuned attacks of ``groups[i]`` on every victim.
+    """A.3's search, then ``final[i]`` tuned attacks of ``groups[i]`` on every victim (none at 0).
 
     The search's stages are counted from the attacks' tuners
     (:func:`~.bayes_scenario.tuners`; ``distance`` as there): at paper scale
@@ -142,7 +142,8 @@ def _tuned(
         stages = stage_sizes(list(found.values()))
         objective = _bayes_objective((distance or {}).get(group[0], group[0]), defense)
         loads += [_attack(net, loop, n * cfg.tune_victims, objective) for n in stages.values()]
-        loads.append(_attack(net, loop, chosen * cfg.victims, objective))
+        if chosen:  # 0: the search alone, its setting attacked elsewhere
+            loads.append(_attack(net, loop, chosen * cfg.victims, objective))
     return loads
 
 
@@ -192,7 +193,7 @@ def pool_rate_work(ctx: Context) -> list[list[Load]]:
             for k, _ in enumerate(cfg.pools):
                 loads += _training(net, cfg.train_batch, cfg.train_step)
                 if k == 0 and cfg.tuned_from == "search":
-                    loads += _tuned(ctx, net, [["cosine"]], [1], defense)[:-1]  # its stages
+                    loads += _tuned(ctx, net, [["cosine"]], [0], defense)
                 loads.append(_attack(net, loop, len(cfg.rate_factors) * cfg.rate_victims, cosine))
             units.append(loads)
     return units
