@@ -50,6 +50,37 @@ def test_bad_settings_are_refused_before_any_network(changes: dict, message: str
         experiments.get(NETWORKS_ID).fn(context(**changes))
 
 
+def test_a_unit_waits_for_the_table2_rerun_to_reach_its_cell(monkeypatch):
+    """A cell the re-run under way has not reached would be attacked with the settings the
+    re-run replaces: its unit stops the run, after the units before it, naming the cell."""
+    from leakagelib.experiments import bayes_networks
+
+    def record(*defenses: str) -> dict:
+        return {"rows": [{"dataset": "mnist", "step": 0, "defense": d, "attack": "l2",
+                          "tuned": {"lr": 0.1, "decay": 0.9, "beta": 1.0}} for d in defenses]}  # fmt: skip
+
+    monkeypatch.setattr(reporting, "rerun_record", lambda i: (record("prune+gauss"), ""))
+    monkeypatch.setattr(
+        reporting, "results_record", lambda i: (record("prune+gauss", "prune+lap"), "")
+    )
+    attacked = []
+
+    def rows(ctx, cell, seed, recorded):  # a stand-in for the cell's attacks
+        attacked.append((cell, seed, recorded[1]))
+        return [], None
+
+    monkeypatch.setattr(bayes_networks, "cell_rows", rows)
+    cells = (("mnist", 0, "prune+gauss"), ("mnist", 0, "prune+lap"))
+    ctx = context(tuned_from="bayes/table2", cells=cells, attacks=("l2",))
+    with pytest.raises(ValueError, match=r"has not yet run the cell \(mnist, step 0, prune\+lap\)"):
+        experiments.get(NETWORKS_ID).fn(ctx)
+    assert attacked == [(cells[0], 1, "re-run"), (cells[0], 2, "re-run")]
+    monkeypatch.setattr(reporting, "rerun_record", lambda i: (None, ""))  # the re-run finished
+    attacked.clear()
+    experiments.get(NETWORKS_ID).fn(ctx)
+    assert [a[2] for a in attacked] == ["record"] * 4
+
+
 def _cell_rows(seed: int, shift: float, source: str) -> list[dict]:
     """One cell's rows for network ``seed``: Bayes 2 dB above ℓ2 on 5 images, all ``shift`` up."""
     base = [14.0 + 0.3 * i + 0.05 * i * i for i in range(5)]

@@ -106,6 +106,14 @@ def test_the_table2_settings_come_from_the_rerun_else_the_record(monkeypatch):
     assert source == "record", "the re-run lacks the Bayes row"
     with pytest.raises(ValueError, match=r"\(cifar10, step 500, laplacian\)"):
         bayes_pool.table2_settings("cifar10", 500, "laplacian", ("l2",))
+    with pytest.raises(ValueError, match="re-run under way has not yet run the cell"):
+        bayes_pool.table2_settings("cifar10", 500, "gaussian", ("l2", "bayes"), strict=True)
+    assert (
+        bayes_pool.table2_settings("cifar10", 500, "gaussian", ("l2",), strict=True)[1] == "re-run"
+    )
+    monkeypatch.setattr(reporting, "rerun_record", lambda i: (None, ""))  # no re-run under way
+    _, source = bayes_pool.table2_settings("cifar10", 500, "gaussian", ("l2", "bayes"), strict=True)
+    assert source == "record"
 
 
 def test_the_pool_record_gives_the_table2_cell_back_with_the_whole_pool():

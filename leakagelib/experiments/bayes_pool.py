@@ -88,18 +88,27 @@ POOL = ScaleConfig(
 
 
 def table2_settings(
-    dataset: str, step: int, defense: str, attacks: Sequence[str]
+    dataset: str, step: int, defense: str, attacks: Sequence[str], *, strict: bool = False
 ) -> tuple[dict[str, Setting], str]:
     """Each attack's tuned setting in the Table 2 record's cell, and which record gave it.
 
     The re-run under way (``results/bayes-table2.json.partial``) comes first, as it
     follows the experiment as it is now; else the finished record. Raises ``ValueError``
-    naming the cell when neither has it, before anything is trained.
+    naming the cell when neither has it, before anything is trained. ``strict`` refuses the
+    finished record's settings while a re-run is under way that has not reached the cell:
+    the re-run will replace them, and a network attacked with them would not pair with the
+    cell's own (``bayes/table2-networks`` reads each unit's settings so, when it starts).
     """
     from ..reporting import rerun_record, results_record
 
     for read, name in ((rerun_record, "re-run"), (results_record, "record")):
         record, _ = read("bayes/table2")
+        if strict and name == "record" and rerun_record("bayes/table2")[0] is not None:
+            raise ValueError(
+                f"the Table 2 re-run under way has not yet run the cell ({dataset}, step {step}, "
+                f"{defense}), and its settings will replace the finished record's: resume "
+                "`bayes/table2` at paper scale until it has, then resume this run"
+            )
         rows = [r for r in (record or {}).get("rows", [])
                 if (r["dataset"], r["step"], r["defense"]) == (dataset, step, defense)
                 and r["attack"] in attacks and "tuned" in r]  # fmt: skip
