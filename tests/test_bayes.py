@@ -370,7 +370,7 @@ FAST_SOTERIA = {"hidden": (64, 32), "attack_steps": 2}
         ("bayes/fig7-mc-samples", {"victims": 2, "steps": 2, "mc_samples": (1, 2)}),
         ("bayes/fig5-soteria-layers", {"victims": 1, **FAST_SOTERIA}),
         ("bayes/fig2-training", {"train_steps": (0, 2), "fig3_step": 2, "ats_attack_steps": 2,
-                                 "soteria_victims": 1, **FAST_SOTERIA}),
+                                 "ats_victims": 1, "soteria_victims": 1, **FAST_SOTERIA}),
     ],
 )  # fmt: skip
 def test_a_resumed_run_skips_finished_units_and_gives_the_same_record(exp_id, changes, tmp_path):

@@ -51,19 +51,20 @@ def test_table2_and_training_claims_on_the_mnist_stand_in(seed: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", CLAIM_SEEDS)
 def test_figure_claims_hold_on_more_seeds(seed: int):
-    """Figures 7, 5 and 2 at ci scale: every paired interval of their claims lies above 0, and
-    the attack that does not know Soteria's layer finds it, ``fc1`` or ``fc2`` (the chapters
-    assert the same functions for seed 0)."""
+    """Figures 7, 5, 2 and 6 at ci scale: every paired interval of their claims lies above 0
+    (Fig. 2's for Soteria and ATS), and the attack that does not know Soteria's layer finds it,
+    ``fc1`` or ``fc2`` (the chapters assert the same functions for seed 0)."""
     fig7 = experiments.run("bayes/fig7-mc-samples", "ci", seed=seed, progress=False)["rows"]
     assert bayes_claims.fig7_gains(fig7)["area"].low > 0
     fig5 = experiments.run("bayes/fig5-soteria-layers", "ci", seed=seed, progress=False)["rows"]
     assert all(g.low > 0 for g in bayes_claims.fig5_gains(fig5).values())
     assert bayes_claims.fig5_chosen(fig5) == {"fc1": {"fc1"}, "fc2": {"fc2"}}
-    # the claims read Soteria's rows only, so ATS's units are left out (a quarter of the time)
-    fig2 = ci_rows("bayes/fig2-training", seed, ats_policies=())["rows"]
+    fig2 = experiments.run("bayes/fig2-training", "ci", seed=seed, progress=False)["rows"]
     fig3_step = experiments.get("bayes/fig2-training").config.at("ci").fig3_step
     gains = bayes_claims.fig2_gains(fig2, fig3_step)
     assert len(gains) >= 2 and all(g.low > 0 for g in gains.values()), gains
+    ats = bayes_claims.ats_gains(fig2, fig3_step)  # Fig. 2's ATS curve and Fig. 6
+    assert len(ats) == 2 and all(g.low > 0 for g in ats.values()), ats
 
 
 def test_figure_claims_fail_when_the_attacks_swap():
@@ -79,6 +80,25 @@ def test_figure_claims_fail_when_the_attacks_swap():
     unknown = [{"defended": d, "attack": "layer-drop, layer unknown", "chosen": ["fc1", "fc1"]}
                for d in ("fc1", "fc2")]  # fmt: skip
     assert bayes_claims.fig5_chosen(unknown) == {"fc1": {"fc1"}, "fc2": {"fc1"}}
+
+
+def test_the_ats_claims_read_each_policy_on_its_own_images_and_can_fail():
+    """ATS's fall is read per policy, first step against last and Fig. 3's step against last;
+    a policy with one step has none, and a curve that rises gives intervals below 0."""
+
+    def row(policy: str, step: int, psnr: list[float]) -> dict:
+        return {"defense": f"ats {policy}", "step": step, "psnr_per_image": psnr}
+
+    rows = [row("7-4-15", 0, [20.0, 24.0, 18.0]), row("7-4-15", 10, [15.0, 18.0, 14.0]),
+            row("7-4-15", 50, [8.0, 9.0, 8.5]), row("21-13-3", 0, [20.0, 21.0, 22.0]),
+            {"defense": "soteria", "step": 0, "psnr_per_image": [1.0, 2.0, 3.0]}]  # fmt: skip
+    gains = bayes_claims.ats_gains(rows, 10)
+    assert set(gains) == {"7-4-15 falls", "7-4-15 falls after step 10"}
+    assert gains["7-4-15 falls"].mean == pytest.approx((12.0 + 15.0 + 9.5) / 3)
+    assert all(g.low > 0 for g in gains.values())
+    rising = [{**r, "step": 50 - r["step"]} for r in rows if r["defense"] == "ats 7-4-15"]
+    assert all(g.high < 0 for g in bayes_claims.ats_gains(rising, 10).values())
+    assert set(bayes_claims.ats_gains(rows, 5)) == {"7-4-15 falls"}, "no step 5: no Fig. 6 claim"
 
 
 def test_a_reruns_gains_are_read_on_the_same_images_and_only_there():

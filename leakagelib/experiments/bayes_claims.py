@@ -3,7 +3,7 @@
 Each function returns the :class:`~leakagelib.experiments.paired.PairedGap`
 intervals a claim rests on; the claim holds when every interval's ``low`` is
 above 0. The chapters "Bayes versus heuristics under defenses" (Figure 7) and
-"Breaking heuristic defenses" (Figures 2 and 5) assert them in hidden cells for
+"Breaking heuristic defenses" (Figures 2, 5 and 6) assert them in hidden cells for
 their seed, and ``tests/test_bayes_claims.py`` for :data:`~.paired.CLAIM_SEEDS`, so that one
 definition of each claim serves both.
 
@@ -84,6 +84,31 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
     for s in (s for s in steps if s <= fig3_step):
         direct = per["soteria (direct attack)", s]
         gains[f"beats at step {s}"] = paired_interval(per["soteria", s], direct)
+    return gains
+
+
+def ats_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
+    """Figure 2 (ATS) and Figure 6: Inverting Gradients leaks less as the network trains.
+
+    For each ATS policy with two steps or more (``rows``' defenses ``"ats <policy>"``):
+    ``"<policy> falls"`` compares its PSNR before its first and after its last training step
+    (§6: "early in training, networks are very vulnerable"), and ``"<policy> falls after step
+    s"`` Fig. 3's step ``fig3_step`` with the last (A.2, Fig. 6: quality "starts to decline
+    after 10 steps"), each on the same images (a policy's victims and its attack's start stay
+    the same at every step).
+    """
+    per = {(r["defense"], r["step"]): r["psnr_per_image"] for r in rows}
+    gains = {}
+    for defense in dict.fromkeys(r["defense"] for r in rows if r["defense"].startswith("ats")):
+        steps = sorted(s for d, s in per if d == defense)
+        if len(steps) < 2:
+            continue
+        policy, last = defense.removeprefix("ats "), per[defense, steps[-1]]
+        gains[f"{policy} falls"] = paired_interval(per[defense, steps[0]], last)
+        if steps[0] < fig3_step < steps[-1] and fig3_step in steps:
+            gains[f"{policy} falls after step {fig3_step}"] = paired_interval(
+                per[defense, fig3_step], last
+            )
     return gains
 
 

@@ -13,18 +13,8 @@
 
 Both are called by the chapter "Breaking heuristic defenses".
 
-*ATS at ci scale only exercises the pipeline.* Inverting Gradients needs the
-paper's network width and thousands of iterations to invert a ConvNet's
-gradient, and no cheaper setting showed the effect on a CPU. Measured on the
-ci patches (2026-11-28, one thread, signed Adam, a paper-scale run beside it):
-width 8, 300 iterations: 9.0 dB on average over 3 images at steps 0, 10 and 50
-alike; width 16, 500 iterations: 11.8 dB after one training step, 14.0 dB at
-1,500 iterations (2 images); width 32, 500 iterations at step 0: 14.0 dB;
-width 64, 200 iterations: 9.9 dB, at 0.43 s an iteration per image, so the
-paper's 2,000 would take a quarter of an hour per image; and at width 16 with
-500 iterations at a constant learning rate, steps 1 and 100 scored alike (12.1
-and 11.7 dB over 5 images). The paper's setting runs on a GPU (a unit in one to
-two minutes on a lent one).
+ATS's networks and the attack on them live in :mod:`.bayes_ats` (which says why ATS attacks
+digits at ci scale), Soteria's in :mod:`.bayes_soteria`.
 """
 
 from __future__ import annotations
@@ -32,15 +22,13 @@ from __future__ import annotations
 from functools import cache, partial
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from .. import models
-from ..attacks import preset
 from ..data import Normalizer
-from ..defenses import ATSAugmentation, Soteria
-from ..fl import TrainResult, train
+from ..defenses import Soteria
+from ..fl import TrainResult
 from ..records import image_lists
+from .bayes_ats import ATS_STAND_IN, AtsScenario, ats_reconstructions, ats_scenario
 from .bayes_fig2_records import NETWORK, curve_rows, record_networks, record_pictures
 from .bayes_soteria import (
     SOTERIA_CI,
@@ -74,15 +62,15 @@ FIG2 = ScaleConfig(
         "train_steps": (0, 10, 50),
         "fig3_step": 10,
         "fig3_victims": 3,
-        "fig6_steps": (10, 50),
+        "fig6_steps": (0, 10, 50),
         "soteria_epochs": (0, 3),
         "epoch_images": None,
         "ats_policies": ("7-4-15",),
-        "ats_victims": 1,
-        "ats_width": 8,
-        "ats_attack_steps": 50,
+        "ats_victims": 8,
+        "ats_width": 16,
+        "ats_attack_steps": 200,
         "ats_tv": 1e-5,
-        "ats_signed": False,
+        "ats_signed": True,
         "soteria_victims": 3,
         **SOTERIA_CI,
     },
@@ -111,7 +99,7 @@ FIG2 = ScaleConfig(
         "attacked at fig3_step only, the curve's PSNR stays over the first ats_victims / "
         "soteria_victims); ci: ours",
         "fig6_steps": "A.2, Fig. 6 (a)–(d): reconstructions after 5, 10, 20 and 50 training steps "
-        "with ATS 7-4-15; ci: the ci steps after 0",
+        "with ATS 7-4-15; ci: every ci step, so that the figure starts before training",
         "soteria_epochs": "§6, Fig. 2: Soteria 'for the first 10 epochs' (each epoch: "
         "epoch_images in batches of 32), here after each epoch, each its own run "
         "(bayes_training); ci: 3, the shortest run whose schedule starts at lr 0.1 (a run of "
@@ -122,12 +110,13 @@ FIG2 = ScaleConfig(
         "(the shared 500-image sample's training split cycles, as it does for ATS's 1,000 "
         "steps); ci: None, the stand-in's own training split",
         "ats_policies": "A.2: '7-4-15', '21-13-3', '21-13-3+7-4-15'",
-        "ats_victims": "ours (10 CIFAR-10 images per defense)",
-        "ats_width": "A.2, Table 4: ConvNet of width 64",
-        "ats_attack_steps": "§6: 2000 attack iterations",
+        "ats_victims": "ours (10 CIFAR-10 images per defense; ci: 8 digits28 images, so that "
+        "the fall's paired interval has images to stand on: module docstring)",
+        "ats_width": "A.2, Table 4: ConvNet of width 64; ci: 16 (module docstring: on "
+        "digits28, width 8 barely leaks before training)",
+        "ats_attack_steps": "§6: 2000 attack iterations; ci: 200 (module docstring)",
         "ats_signed": "defense_attacks/ats/benchmark/comm.py lines 194–207: the 'inversed' "
-        "config (cifar_attack.py --optim='inversed') runs inversefed with signed=True; ci: "
-        "unsigned (ours, its 50 steps)",
+        "config (cifar_attack.py --optim='inversed') runs inversefed with signed=True",
         "ats_tv": "§6, A.2: total variation 10⁻⁵ (defense_attacks/ats/benchmark/comm.py, "
         "config 'inversed'), in inversefed's convention (defense_attacks/ats/inversefed/"
         "metrics.py: mean absolute difference per direction), which the Inverting Gradients "
@@ -173,16 +162,16 @@ def fig2_training(ctx: Context) -> dict:
     entry per step of ``fig6_steps`` (``step``, ``original``,
     ``reconstruction``: Fig. 6); ``networks``, per Soteria step in order, its
     network's fit (``step``, ``epoch`` and the fields of
-    :func:`~.bayes_soteria.convbig_fit`); images as lists. At ci the ATS attack's 50
-    iterations only exercise the pipeline. The paper plots Fig. 2 without
-    numbers, so there are no reference rows. Data: ``cifar10`` (``patches``
-    at ci, ``digits28`` for the Soteria victims: see :mod:`.bayes_soteria`).
+    :func:`~.bayes_soteria.convbig_fit`); images as lists. The paper plots Fig. 2 without
+    numbers, so there are no reference rows. Data: ``cifar10`` (at ci
+    ``digits28`` for both defenses: the module docstring and
+    :mod:`.bayes_soteria` say why).
     A command-line run keeps ConvBig's training and each attack's loop as it
     goes (:meth:`~.registry.Context.checkpoint`), so a unit killed halfway
     resumes there.
     """
     cfg = ctx.config
-    ats = cache(partial(_ats_scenario, ctx))
+    ats = cache(partial(ats_scenario, ctx))
     runs = soteria_runs(ctx)
 
     def unit(key: tuple[str, int]) -> list[dict]:
@@ -206,7 +195,7 @@ def _fig2_record(ctx: Context, found: list[dict[str, Any]]) -> dict[str, Any]:
     """Fig. 2's record from the rows of all its units (``found``, in order): the curves' rows,
     with Fig. 3's and Fig. 6's pictures and the Soteria networks' fit in entries of their own."""
     rows = curve_rows({"rows": found})
-    note = stand_in_note(ctx)
+    ats, soteria = ctx.resolve("cifar10", ATS_STAND_IN), stand_in_note(ctx) or "cifar10"
     extras = ("figure3", "figure6")
     figure3, figure6 = record_pictures({"rows": rows})
     return {
@@ -214,7 +203,9 @@ def _fig2_record(ctx: Context, found: list[dict[str, Any]]) -> dict[str, Any]:
         "figure3": figure3,
         "figure6": figure6,
         "networks": [_with_epoch(ctx, r) for r in record_networks({"rows": found})],
-        "data": {"cifar10": f"{ctx.resolve('cifar10')} (ATS), {note} (Soteria)"} if note else {},
+        "data": {"cifar10": f"{ats} (ATS), {soteria} (Soteria)"}
+        if (ats, soteria) != ("cifar10", "cifar10")
+        else {},
     }
 
 
@@ -265,52 +256,22 @@ def steps_per_epoch(ctx: Context, stand_in: str | None = None) -> int:
 
 def _with_epoch(ctx: Context, row: dict[str, Any]) -> dict[str, Any]:
     """A Fig. 2 row with its ``epoch``: the step over the epoch length of the data its network
-    trained on (ATS: what stands for CIFAR-10; Soteria: its own stand-in at ci)."""
-    stand_in = None if row["defense"].startswith("ats") else SOTERIA_STAND_IN
+    trained on (each defense's stand-in at ci)."""
+    stand_in = ATS_STAND_IN if row["defense"].startswith("ats") else SOTERIA_STAND_IN
     return {**row, "epoch": row["step"] / steps_per_epoch(ctx, stand_in)}
-
-
-def _ats_scenario(ctx: Context, policy: str) -> tuple[TrainResult, Tensor, Tensor, Normalizer]:
-    """ATS under ``policy``: the ConvNet trained with it, its victims (Fig. 3's if more)
-    augmented as the client trains on them (back in [0, 1]), their labels and the normaliser."""
-    cfg = ctx.config
-    n = max(cfg.ats_victims, cfg.fig3_victims)
-    images, labels, norm = ctx.dataset("cifar10", n=n, shuffle=False)
-    train_x, train_y, _ = ctx.dataset("cifar10", split="train")
-    torch.manual_seed(ctx.seed)
-    net = models.build("convnet", in_shape=tuple(images.shape[1:]), num_classes=10,
-                       width=cfg.ats_width)  # fmt: skip
-    augment = partial(_in_normalized_space, ATSAugmentation(policy), norm)
-    trained = train(
-        net.to(ctx.device), norm.normalize(train_x).to(ctx.device), train_y.to(ctx.device),
-        batch_size=TRAIN_BATCH, augment=augment, snapshot_steps=cfg.train_steps, seed=ctx.seed,
-        **stepwise_run(max(cfg.train_steps)),
-    )  # fmt: skip
-    p_i = cfg.ats_policies.index(policy)
-    victims = norm.denormalize(augment(norm.normalize(images), ctx.generator(100 + p_i)))
-    return trained, victims, labels, norm
 
 
 def _ats_row(
     ctx: Context,
     policy: str,
-    scenario: tuple[TrainResult, Tensor, Tensor, Normalizer],
+    scenario: AtsScenario,
     step: int,
 ) -> dict[str, Any]:
     """Fig. 2's ATS row of ``policy`` after ``step`` training steps (with Fig. 3's images)."""
     cfg = ctx.config
-    trained, victims, labels, norm = scenario
     n = _attacked(cfg, cfg.ats_victims, step)
-    victims, labels = victims[:n], labels[:n]
-    attack = preset("inverting-gradients", steps=cfg.ats_attack_steps, tv=cfg.ats_tv,
-                    signed=cfg.ats_signed)  # fmt: skip
-    trained.model.load_state_dict(trained.snapshots[step])
-    trained.model.eval()  # batch norm with running statistics: each image on its own
-    case = build_case(trained.model, victims, labels, norm, device=ctx.device)
-    result = case.attack(attack, generator=ctx.generator(cfg.ats_policies.index(policy)),
-                         checkpoint=ctx.checkpoint())  # fmt: skip
-    recon = case.reconstructions(result).clamp(0, 1)
-    psnr = case.score_images(recon)[: cfg.ats_victims]
+    victims, recon, scores = ats_reconstructions(ctx, policy, scenario, step, n)
+    psnr = scores[: cfg.ats_victims]
     row = _with_epoch(ctx, _curve_row(f"ats {policy}", step, psnr, victims, recon, cfg))
     if policy == cfg.ats_policies[0] and step in cfg.fig6_steps:
         row["figure6"] = _pictures(victims[: cfg.ats_victims], recon[: cfg.ats_victims])
@@ -390,10 +351,3 @@ def _curve_row(
 def _pictures(original: Tensor, reconstruction: Tensor) -> dict[str, list]:
     """A Fig. 3 entry: originals and reconstructions as lists."""
     return {"original": image_lists(original), "reconstruction": image_lists(reconstruction)}
-
-
-def _in_normalized_space(
-    augment: ATSAugmentation, norm: Normalizer, batch: Tensor, g: torch.Generator | None
-) -> Tensor:
-    """Apply an ATS policy (defined on [0, 1] images) to a batch in the model's normalised space."""
-    return norm.normalize(augment(norm.denormalize(batch), g))

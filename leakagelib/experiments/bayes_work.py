@@ -288,12 +288,13 @@ def fig2_work(ctx: Context) -> list[list[Load]]:
     direct attacks together, and after it the unit that measures that network's fit: one pass
     over its training split and the victims (the network the Soteria unit kept); at Fig. 3's
     step each defense attacks ``fig3_victims`` images if more."""
+    from .bayes_ats import ATS_STAND_IN
     from .bayes_defenses import soteria_runs
     from .bayes_soteria import SOTERIA_STAND_IN, TRAIN_BATCH
 
     cfg = ctx.config
     steps, longest = cfg.train_steps, max(cfg.train_steps)
-    shape = image_shape(ctx, "cifar10")
+    shape = image_shape(ctx, "cifar10", ATS_STAND_IN)
     convnet = Net(f"convnet-{cfg.ats_width} {_dims(shape)}", lambda: models.build(
         "convnet", in_shape=shape, num_classes=10, width=cfg.ats_width).eval(), shape)  # fmt: skip
     # eval mode, as the run attacks it (batch norm with running statistics); the training probe
