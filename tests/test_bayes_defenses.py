@@ -192,6 +192,19 @@ def test_record_pictures_of_a_finished_and_of_a_pending_record() -> None:
     assert record_pictures(None) == ({}, []) == record_pictures({"rows": rows[3:]})
 
 
+def test_fig2_names_its_stand_ins_only_where_it_used_them() -> None:
+    """At ci both defenses attack digits28 where CIFAR-10's stand-in is the patches, and the
+    record says so; a ``--data`` file or the paper's CIFAR-10 serves both, and the record's
+    ``data`` is the run's own."""
+    from leakagelib.experiments.bayes_defenses import _fig2_record
+
+    said = {"cifar10": "digits28 (ATS), digits28 (Soteria)"}
+    assert _fig2_record(Context(scale="ci", settings=FIG2), [])["data"] == said
+    for ctx in (Context(scale="paper", settings=FIG2),
+                Context(scale="ci", settings=FIG2, data={"cifar10": "sample.npz"})):  # fmt: skip
+        assert _fig2_record(ctx, [])["data"] == {}
+
+
 def test_a_pending_fig2_record_keeps_its_network_rows_apart_from_the_curves() -> None:
     """A pending record's rows hold its network units' rows beside the curves' (one list of
     unit rows); a finished record keeps them as ``networks``: both read alike."""

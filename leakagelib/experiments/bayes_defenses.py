@@ -39,7 +39,6 @@ from .bayes_soteria import (
     convbig_fit,
     psnr_summary,
     soteria_attacks,
-    stand_in_note,
     trained_convbig,
 )
 from .bayes_training import epoch_rates, epoch_run, shared_epochs, stepwise_run
@@ -195,7 +194,10 @@ def _fig2_record(ctx: Context, found: list[dict[str, Any]]) -> dict[str, Any]:
     """Fig. 2's record from the rows of all its units (``found``, in order): the curves' rows,
     with Fig. 3's and Fig. 6's pictures and the Soteria networks' fit in entries of their own."""
     rows = curve_rows({"rows": found})
-    ats, soteria = ctx.resolve("cifar10", ATS_STAND_IN), stand_in_note(ctx) or "cifar10"
+    used = {
+        d: ctx.resolve("cifar10", s)
+        for d, s in (("ATS", ATS_STAND_IN), ("Soteria", SOTERIA_STAND_IN))
+    }
     extras = ("figure3", "figure6")
     figure3, figure6 = record_pictures({"rows": rows})
     return {
@@ -203,8 +205,8 @@ def _fig2_record(ctx: Context, found: list[dict[str, Any]]) -> dict[str, Any]:
         "figure3": figure3,
         "figure6": figure6,
         "networks": [_with_epoch(ctx, r) for r in record_networks({"rows": found})],
-        "data": {"cifar10": f"{ats} (ATS), {soteria} (Soteria)"}
-        if (ats, soteria) != ("cifar10", "cifar10")
+        "data": {"cifar10": ", ".join(f"{spec} ({d})" for d, spec in used.items())}
+        if set(used.values()) != {ctx.resolve("cifar10")}  # stand-ins of their own at ci
         else {},
     }
 
