@@ -421,6 +421,27 @@ def test_table2_misses_lists_the_cells_whose_paper_number_lies_outside_the_inter
     ]
 
 
+def test_the_table2_record_puts_bayes_ahead_in_the_pruning_cells_as_the_paper_does():
+    """The issue's test of Table 2 at paper scale, on the committed record (the chapter asserts
+    the same): in each of the eight pruning cells the Bayes attack's paired gain over each
+    heuristic the paper's Bayes beats has its interval above zero, over the record's images."""
+    from leakagelib.experiments.bayes_claims import table2_against_paper
+    from leakagelib.records import paper_record
+
+    record = paper_record("bayes/table2")
+    assert record is not None, "results/bayes-table2.json: the chapter reads it"
+    against = table2_against_paper(record["rows"], experiments.get("bayes/table2").reference)
+    pruned = {k: c for k, c in against.items() if k[1].startswith("prune")}
+    assert {(d, s) for d, _, s in pruned} == {
+        (d, s) for d in ("mnist", "cifar10") for s in (0, 500)
+    }
+    assert len(pruned) == 8 and all(c["psnr"]["bayes"].n == 100 for c in pruned.values())
+    for key, cell in pruned.items():
+        ahead = {a: g for a, g in cell["gaps"].items() if cell["paper_gaps"][a] > 0}
+        assert set(ahead) == {"l2", "l1", "cosine"}, key
+        assert all(g.low > 0 for g in ahead.values()), (key, cell["gaps"])
+
+
 @pytest.mark.parametrize("count", [2.5, 10.0, 0])
 def test_the_synthetic_task_needs_a_whole_number_of_classes(count):
     with pytest.raises((TypeError, ValueError), match="num_classes must be an integer >= 1"):

@@ -101,22 +101,6 @@ def test_the_ats_claims_read_each_policy_on_its_own_images_and_can_fail():
     assert set(bayes_claims.ats_gains(rows, 5)) == {"7-4-15 falls"}, "no step 5: no Fig. 6 claim"
 
 
-def test_a_reruns_gains_are_read_on_the_same_images_and_only_there():
-    """Table 2's re-run against its record: the paired gain per cell both have, an error where
-    the two attacked other images."""
-
-    def row(attack: str, psnr: list[float], original: float = 0.5) -> dict:
-        return {"dataset": "mnist", "defense": "gaussian", "step": 0, "attack": attack,
-                "psnr_per_image": psnr, "original": [[original]]}  # fmt: skip
-
-    record = [row("cosine", [10.0, 11.0, 12.0]), row("l2", [14.0, 15.0, 15.5])]
-    rerun = [row("cosine", [11.0, 12.5, 13.0]), row("bayes", [9.0, 9.0, 9.0])]
-    [(key, gain)] = bayes_claims.table2_rerun_gains(record, rerun).items()
-    assert key == ("mnist", "gaussian", 0, "cosine") and gain.low > 0 and gain.n == 3
-    with pytest.raises(ValueError, match="other images"):
-        bayes_claims.table2_rerun_gains(record, [row("cosine", [1.0, 2.0, 3.0], 0.1)])
-
-
 def test_fig2_records_sentence_reads_what_the_record_has():
     """The chapter's sentence on Fig. 2's record, unit by unit as a pending record grows:
     nothing; ATS alone; Soteria's first step (layer-drop against direct, paired); then the fall

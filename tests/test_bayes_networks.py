@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from leakagelib import experiments, records, reporting
-from leakagelib.experiments import Context
+from leakagelib import experiments, reporting
+from leakagelib.experiments import Context, bayes_pool
 from leakagelib.experiments.bayes_pool_claims import network_cells, network_text
 from leakagelib.experiments.paired import CLAIM_SEEDS, crossed_interval
 
@@ -140,8 +140,7 @@ def test_the_networks_record_keeps_the_bayes_lead_in_the_pruning_cells():
     MNIST pruning cells, where the issue asks for it, are among them."""
     record, _ = reporting.results_record(NETWORKS_ID)
     assert record is not None, "results/bayes-table2-networks.json: the chapter reads it"
-    tables2 = {"re-run": (reporting.rerun_record("bayes/table2")[0] or {}).get("rows", []),
-               "record": records.paper_record("bayes/table2")["rows"]}  # fmt: skip
+    tables2 = bayes_pool.table2_sources()
     reference = experiments.get("bayes/table2").reference
     cells = network_cells(record["rows"], tables2, reference)
     pruned = {k: c for k, c in cells.items() if k[2].startswith("prune")}

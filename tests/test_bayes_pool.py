@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from leakagelib import experiments, records, reporting
+from leakagelib import experiments, reporting
 from leakagelib.experiments import Context, bayes_pool, bayes_scenario
 from leakagelib.experiments.bayes_pool_claims import (
     pool_cells,
@@ -116,14 +116,30 @@ def test_the_table2_settings_come_from_the_rerun_else_the_record(monkeypatch):
     assert source == "record"
 
 
+def test_a_rerun_row_pairs_with_the_record_once_the_rerun_finished(monkeypatch):
+    """``tuned_from == "re-run"`` names the re-run while it is under way and the record it became
+    after; ``"record"`` always names the finished record."""
+    old, new = (
+        [{"attack": "l2", "tuned": {"beta": 1.0}}],
+        [{"attack": "l2", "tuned": {"beta": 2.0}}],
+    )
+    monkeypatch.setattr(reporting, "results_record", lambda i: ({"rows": old}, ""))
+    monkeypatch.setattr(reporting, "rerun_record", lambda i: ({"rows": new}, ""))
+    assert bayes_pool.table2_sources() == {"re-run": new, "record": old}
+    monkeypatch.setattr(reporting, "results_record", lambda i: ({"rows": new}, ""))
+    monkeypatch.setattr(reporting, "rerun_record", lambda i: (None, ""))  # the re-run finished
+    assert bayes_pool.table2_sources() == {"re-run": new, "record": new}
+    monkeypatch.setattr(reporting, "results_record", lambda i: (None, ""))
+    assert bayes_pool.table2_sources() == {"re-run": [], "record": []}
+
+
 def test_the_pool_record_gives_the_table2_cell_back_with_the_whole_pool():
     """The whole pool with the run's seed is the Table 2 cell's training, victims, settings and
     starting images again: every attack's paired difference from the cell's per-image PSNR
     has an interval around zero (the chapter asserts the same)."""
     pool, _ = reporting.results_record(POOL_ID)
     assert pool is not None, "results/bayes-table2-pool.json: the chapter's claim rests on it"
-    table2 = reporting.rerun_record("bayes/table2")[0] or records.paper_record("bayes/table2")
-    gaps = pool_repeats_cell(pool["rows"], table2["rows"])
+    gaps = pool_repeats_cell(pool["rows"], bayes_pool.table2_sources()["re-run"])
     assert {d for d, _ in gaps} == set(experiments.get(POOL_ID).config.paper["defenses"])
     assert all(g.low < 0 < g.high for g in gaps.values()), gaps
 

@@ -12,9 +12,7 @@ paper-scale record of Tables 2 and 5 beside the paper's numbers, with
 intervals over its images, and :func:`fig2_record_text` reads Fig. 2's record
 in words (:func:`fig2_network_text` what its Soteria networks had learned,
 :func:`collapsed_steps` which of them collapsed);
-:func:`table2_misses` lists where Table 2's record and the paper disagree;
-:func:`table2_rerun_gains` what a re-run under way changes against the record,
-image by image. What the step-500 network's training pool changes in Table 2's cells
+:func:`table2_misses` lists where Table 2's record and the paper disagree. What the step-500 network's training pool changes in Table 2's cells
 (``bayes/table2-pool``) is read in :mod:`.bayes_pool_claims`.
 """
 
@@ -324,25 +322,3 @@ def table2_misses(
             elif got.mean - widen * (got.mean - got.low) > paper:
                 misses["above"].append(key)
     return out
-
-
-def table2_rerun_gains(record: Sequence[dict], rerun: Sequence[dict]) -> dict[tuple, PairedGap]:
-    """Per (dataset, defense, step, attack) a re-run of Table 2 has finished, its gain over the
-    record on the same images (the re-run's PSNR minus the record's, paired per image).
-
-    ``bayes/table2``'s record was made before the experiment followed the authors' code in
-    two details (one cosine over each block of victims, tuning on the first block), which
-    a re-run on a GPU brings in unit by unit; the chapter "Bayes versus heuristics under
-    defenses" shows what they change while both are in ``results/``. Raises ``ValueError``
-    where the two attacked other images (a cell's shown originals differ).
-    """
-    before = {(r["dataset"], r["defense"], r["step"], r["attack"]): r for r in record}
-    gains = {}
-    for r in rerun:
-        key = (r["dataset"], r["defense"], r["step"], r["attack"])
-        if key not in before:
-            continue
-        if r["original"] != before[key]["original"]:
-            raise ValueError(f"the re-run attacked other images than the record in {key}")
-        gains[key] = paired_interval(r["psnr_per_image"], before[key]["psnr_per_image"])
-    return gains

@@ -57,7 +57,15 @@ from .case import build_case
 from .config import ScaleConfig, Settings
 from .registry import Context, experiment
 
-__all__ = ["DATASETS", "POOL", "cell_rows", "check_settings", "table2_pool", "table2_settings"]
+__all__ = [
+    "DATASETS",
+    "POOL",
+    "cell_rows",
+    "check_settings",
+    "table2_pool",
+    "table2_settings",
+    "table2_sources",
+]
 
 #: Table 2's keys that name its cells, which this experiment sets itself.
 _CELLS = ("datasets", "train_steps", "defenses")
@@ -119,6 +127,20 @@ def table2_settings(
         f"({dataset}, step {step}, {defense}): run `bayes/table2` at paper scale first, or set "
         "tuned_from to 'search'"
     )
+
+
+def table2_sources() -> dict[str, list[dict]]:
+    """The Table 2 rows each ``tuned_from`` of a row names (:func:`table2_settings`'s second
+    value), for :func:`.bayes_pool_claims.network_cells` to pair a network's rows with their
+    cell: ``"re-run"``, the re-run under way, or, once it finished, the record it became;
+    ``"record"``, the finished record (whose settings a row tuned from an earlier record no
+    longer matches, which ``network_cells`` refuses). The chapter "Bayes versus heuristics
+    under defenses" and ``tests/test_bayes_networks.py`` read them so."""
+    from ..reporting import rerun_record, results_record
+
+    record = (results_record("bayes/table2")[0] or {}).get("rows", [])
+    rerun, _ = rerun_record("bayes/table2")
+    return {"re-run": record if rerun is None else rerun["rows"], "record": record}
 
 
 def check_settings(cfg: Settings) -> Settings:

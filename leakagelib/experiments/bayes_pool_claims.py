@@ -280,11 +280,11 @@ def network_cells(
     networks together: each attack's mean PSNR and the Bayes attack's paired gain over each
     heuristic, with :func:`~.paired.crossed_interval` over networks and victims, beside the
     paper's (``reference``). ``table2`` maps a row's ``tuned_from`` (``"re-run"``,
-    ``"record"``) to that Table 2 record's rows, whose cell is network seed 0; rows tuned by
-    the ci search (``"search"``) stand alone. Keys: ``"psnr"``, ``"gaps"``, ``"paper"``,
-    ``"paper_gaps"``, ``"seeds"``. A cell is left out until every attack has at least two
-    networks; raises ``ValueError`` where the Table 2 record lacks the cell or took another
-    setting than the rows."""
+    ``"record"``) to that Table 2 record's rows (:func:`.bayes_pool.table2_sources`), whose
+    cell is network seed 0; rows tuned by the ci search (``"search"``) stand alone. Keys:
+    ``"psnr"``, ``"gaps"``, ``"paper"``, ``"paper_gaps"``, ``"seeds"``. A cell is left out
+    until every attack has at least two networks; raises ``ValueError`` where the Table 2
+    record lacks the cell or took another setting than the rows."""
     paper = {(r["dataset"], r["defense"], r["step"], r["attack"]): r["psnr"] for r in reference}
     by: dict[tuple[str, int, str], dict[str, dict[int, dict]]] = {}
     for r in rows:
