@@ -275,3 +275,32 @@ def test_table2_resumes_a_unit_killed_in_its_search_on_the_network_it_kept(tmp_p
     table2(partial=None)  # how many programs the search runs in all
     assert fresh == len(programs) - 2  # programs 0 and 1 were saved before the kill
     assert resumed == whole
+
+
+def test_fig2_resumes_an_ats_unit_killed_in_its_attack_on_the_network_it_kept(
+    tmp_path, monkeypatch
+):
+    """``bayes/fig2-training``'s ATS units (at paper scale the policy's 1,000 training steps take
+    about an hour on a CPU, and a GPU would train another network): a run killed in the first
+    ATS attack keeps the policy's trained network and snapshots; resumed, it trains no ATS
+    network, resumes the attack and ends with the uninterrupted run's rows."""
+    from leakagelib import experiments
+    from leakagelib.experiments import bayes_ats
+
+    monkeypatch.setattr("leakagelib.attacks.checkpoint.CHECKPOINT_EVERY_S", 0.0)
+    changes = {"train_steps": (0, 2), "fig3_step": 2, "fig6_steps": (2,), "ats_attack_steps": 4,
+               "ats_victims": 1, "fig3_victims": 1, "soteria_victims": 1, "soteria_epochs": (0,),
+               "hidden": (64, 32), "attack_steps": 2}  # fmt: skip
+    fig2 = partial(experiments.run, "bayes/fig2-training", progress=False, changes=changes)
+    whole = fig2()["rows"]
+    path = tmp_path / "f.json.partial"
+    ticks = _killed_at(2, fig2, path, monkeypatch)
+    assert ticks[:3] == [(0, True), (0, False), (1, False)]  # the network, then the attack
+    assert [p.name for p in (tmp_path / "f.json.partial.attacks").glob("ats-*.pt")] == [
+        "ats-7-4-15.pt"
+    ]
+    train, trained = bayes_ats.train, []
+    monkeypatch.setattr(bayes_ats, "train", lambda *a, **k: trained.append(1) or train(*a, **k))
+    resumed = fig2(partial=_partial(path))["rows"]
+    assert trained == []
+    assert resumed == whole

@@ -12,8 +12,9 @@ paper-scale record of Tables 2 and 5 beside the paper's numbers, with
 intervals over its images, and :func:`fig2_record_text` reads Fig. 2's record
 in words (:func:`fig2_network_text` what its Soteria networks had learned,
 :func:`collapsed_steps` which of them collapsed);
-:func:`table2_misses` lists where Table 2's record and the paper disagree. What the step-500 network's training pool changes in Table 2's cells
-(``bayes/table2-pool``) is read in :mod:`.bayes_pool_claims`.
+:func:`table2_misses` lists where Table 2's record and the paper disagree. What the
+step-500 network's training pool changes in Table 2's cells (``bayes/table2-pool``) is
+read in :mod:`.bayes_pool_claims`.
 """
 
 from __future__ import annotations
