@@ -437,6 +437,7 @@ def test_table2_pruning_lead_names_the_cells_where_bayes_is_not_ahead_as_the_pap
     )
     # the plain Gaussian cell is not a pruning cell; in the pruning cell the paper's Bayes beats
     # both heuristics, and this run's beats ℓ2 but ties the cosine attack (interval across zero)
+    assert lead["cells"] == [("mnist", "prune+gauss", 0)]
     assert (lead["compared"], lead["ahead"], lead["paper_ahead"]) == (2, 1, 2)
     assert [(k, a) for k, a, _ in lead["behind"]] == [(("mnist", "prune+gauss", 0), "cosine")]
 
@@ -452,12 +453,12 @@ def test_the_table2_record_puts_bayes_ahead_in_the_pruning_cells_as_the_paper_do
     record = paper_record("bayes/table2")
     assert record is not None, "results/bayes-table2.json: the chapter reads it"
     against = table2_against_paper(record["rows"], experiments.get("bayes/table2").reference)
-    pruned = {k: c for k, c in against.items() if k[1].startswith("prune")}
+    lead = table2_pruning_lead(against)
+    pruned = lead["cells"]
     assert {(d, s) for d, _, s in pruned} == {
         (d, s) for d in ("mnist", "cifar10") for s in (0, 500)
     }
-    assert len(pruned) == 8 and all(c["psnr"]["bayes"].n == 100 for c in pruned.values())
-    lead = table2_pruning_lead(against)
+    assert len(pruned) == 8 and all(against[k]["psnr"]["bayes"].n == 100 for k in pruned)
     assert lead["compared"] == lead["paper_ahead"] == lead["ahead"] == 8 * 3, lead
     assert not lead["behind"]
 

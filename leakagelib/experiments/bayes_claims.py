@@ -329,17 +329,18 @@ def table2_pruning_lead(against: dict[tuple, dict]) -> dict:
     """Table 2's finding under pruning, read from :func:`table2_against_paper`'s cells: the
     Bayes attack beats each heuristic the paper's Bayes beats there (§6, Table 2).
 
-    Over the pruning cells' (cell, heuristic) comparisons: ``"compared"`` how many there are,
-    ``"ahead"`` in how many the Bayes attack's paired gain has its interval above zero,
-    ``"paper_ahead"`` in how many the paper's Bayes number is above the heuristic's, and
-    ``"behind"`` the ``(cell, heuristic, gap)`` where the paper's Bayes is ahead and the run's
-    is not. The chapter "Bayes versus heuristics under defenses" asserts ``behind`` empty on
+    ``"cells"``: the pruning cells' keys; over their (cell, heuristic) comparisons:
+    ``"compared"`` how many there are, ``"ahead"`` in how many the Bayes attack's paired gain
+    has its interval above zero, ``"paper_ahead"`` in how many the paper's Bayes number is
+    above the heuristic's, and ``"behind"`` the ``(cell, heuristic, gap)`` where the paper's
+    Bayes is ahead and the run's is not. The chapter "Bayes versus heuristics under defenses" asserts ``behind`` empty on
     its paper-scale record, and the tests on the committed one.
     """
     pruned = {k: c for k, c in against.items() if k[1].startswith("prune")}
     pairs = [(k, a, g, c["paper_gaps"][a] > 0) for k, c in pruned.items()
              for a, g in c["gaps"].items()]  # fmt: skip
     return {
+        "cells": list(pruned),
         "compared": len(pairs),
         "ahead": sum(g.low > 0 for _, _, g, _ in pairs),
         "paper_ahead": sum(paper for *_, paper in pairs),
