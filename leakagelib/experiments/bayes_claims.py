@@ -81,9 +81,14 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
     steps = sorted({r["step"] for r in rows if r["defense"] == "soteria"})
     gains = {"falls": paired_interval(per["soteria", steps[0]], per["soteria", steps[-1]])}
     for s in (s for s in steps if s <= fig3_step):
-        direct = per["soteria (direct attack)", s]
-        gains[f"beats at step {s}"] = paired_interval(per["soteria", s], direct)
+        gains[f"beats at step {s}"] = _layer_drop_gain(per, s)
     return gains
+
+
+def _layer_drop_gain(per: dict[tuple[str, int], list[float]], step: int) -> PairedGap:
+    """After ``step``, the layer-drop attack on Soteria against the direct attack, paired over
+    the images (``per``: each (defense, step)'s PSNR per image)."""
+    return paired_interval(per["soteria", step], per["soteria (direct attack)", step])
 
 
 def ats_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
@@ -117,7 +122,7 @@ def fig2_record_text(
     """The chapter's sentence on Fig. 2's paper-scale record (``rows``; ``note`` says how many
     units a pending one has, as :func:`leakagelib.reporting.results_record` gives it): each ATS
     policy's mean PSNR after the steps the record has; at Soteria's first step, the layer-drop
-    attack against the direct one (:func:`fig2_gains`, on the same images); once there are two
+    attack against the direct one (as :func:`fig2_gains` pairs them); once there are two
     Soteria steps, its fall between the first and the last whose network had not collapsed
     (:func:`collapsed_steps` of ``networks``, the record's Soteria networks); and how far apart
     the two attacks score on the collapsed networks. Numbers read, never typed."""
@@ -130,9 +135,8 @@ def fig2_record_text(
         points = ", ".join(f"{psnr[policy, s]:.1f} dB {when[s]}" for s in sorted(when))
         parts.append(f"Inverting Gradients on ATS {policy.removeprefix('ats ')} reaches {points}")
     steps = sorted(s for d, s in psnr if d == "soteria")
-    gains = fig2_gains(rows, fig3_step) if steps else {}
-    beats = gains.get(f"beats at step {steps[0]}") if steps else None  # up to Fig. 3's step
-    if beats is not None:
+    if steps and steps[0] <= fig3_step:  # as in fig2_gains, up to Fig. 3's step
+        beats = _layer_drop_gain(per, steps[0])
         parts.append(
             f"the layer-drop attack on Soteria reaches {psnr['soteria', steps[0]]:.1f} dB after "
             f"step {steps[0]}, {beats.mean:.1f} dB more than the direct attack on the same "
