@@ -337,8 +337,8 @@ def table2_pruning_lead(against: dict[tuple, dict]) -> dict:
     ``"compared"`` how many there are, ``"ahead"`` in how many the Bayes attack's paired gain
     has its interval above zero, ``"paper_ahead"`` in how many the paper's Bayes number is
     above the heuristic's, and ``"behind"`` the ``(cell, heuristic, gap)`` where the paper's
-    Bayes is ahead and the run's is not. The chapter "Bayes versus heuristics under defenses" asserts ``behind`` empty on
-    its paper-scale record, and the tests on the committed one.
+    Bayes is ahead and the run's is not. The chapter "Bayes versus heuristics under defenses"
+    asserts ``behind`` empty on its paper-scale record, and the tests on the committed one.
     """
     pruned = {k: c for k, c in against.items() if k[1].startswith("prune")}
     pairs = [(k, a, g, c["paper_gaps"][a] > 0) for k, c in pruned.items()
