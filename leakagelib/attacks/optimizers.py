@@ -53,8 +53,10 @@ def annealed(
     """The prior weight β_t of every setting at ``step`` and the factor the objective is scaled by.
 
     The Bayes authors' tuners (eth-sri/bayes-framework-leakage,
-    ``attacks/grad_attack.py`` lines 72–102, ``utils/flax_losses.py`` line
-    145) minimise ``f_t · D(g, ĝ) + c · TV(x)`` and move the likelihood's
+    ``attacks/grad_attack.py`` lines 72–102; ``utils/flax_losses.py`` line
+    145 for the heuristic attacks, line 148 for the Bayes attack, whose TV
+    weight ``c`` is line 101's and whose sum over the images is line 151)
+    minimise ``f_t · D(g, ĝ) + c · TV(x)`` and move the likelihood's
     factor ``f_t`` geometrically from ``f_start`` to ``f_end`` over
     ``att_epochs`` steps (``f_t = f_start · α^(t+1)`` with
     ``α = (f_end/f_start)^(1/att_epochs)``, clamped at ``f_end``), then keep

@@ -256,7 +256,9 @@ def _tied_mean(factors: Sequence[float], psnr: Sequence[float]) -> tuple[float, 
 
     Walking the factors in order, a PSNR within 10⁻³ of the best so far joins
     the ties and a higher one starts them anew (tune_attacks_dp.py lines
-    203–208); NaN does neither. Returns the mean factor and the best PSNR.
+    203–208 for the heuristic attacks, tune_attacks_theory.py lines 195–200
+    for the Bayes attack); NaN does neither. Returns the mean factor and the
+    best PSNR.
     """
     best, tied = -np.inf, []
     for f, p in zip(factors, psnr, strict=True):

@@ -196,8 +196,10 @@ def scenario(
     """``bayes-cnn`` (seeded LeCun-normal init) trained for ``train_step`` steps, and ``n`` victims.
 
     The victims are the first ``n`` images of the training split (§6: "the
-    first 100 images of the training set"); training uses the rest of that
-    split, shuffled (the victims excluded by their indices, so the network
+    first 100 images of the training set"; the authors' code draws them from
+    a shuffled loader, ``datasets/common.py`` line 78, so its victims are a
+    random sample of the training set); training uses the rest of that split,
+    shuffled (the victims excluded by their indices, so the network
     never trains on an image it is attacked on), with the config's
     ``train_lr`` and ``train_batch``, and, where ``train_defended``, under
     ``defense`` (a key of :data:`DEFENSES`, the cell's: its noise added to

@@ -99,7 +99,9 @@ _AUTHORS_TUNING = (
 _TABLE2_CI = {**_SEARCH_CI, "cosine_group": 1}
 _TABLE2_PAPER = {**_SEARCH_PAPER, "tune_victims": 10, "cosine_group": 10}
 _SEARCH_SOURCES = {
-    "victims": "§6: 'the first 100 images of the training set'",
+    "victims": "§6: 'the first 100 images of the training set'; in the authors' code a random "
+    "draw from it (datasets/common.py lines 71 and 78: a random split, then a shuffled loader, "
+    "read on its second pass, tune_attacks_theory.py lines 101 and 123)",
     "steps": "the authors' scripts/run_mnist_tune.sh: --att_epochs 100, run twice over "
     "(attacks/grad_attack.py line 100: 2 · att_epochs steps)",
     "anneal_steps": "attacks/grad_attack.py lines 72–102: the likelihood's factor anneals over "
