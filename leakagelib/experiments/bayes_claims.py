@@ -310,9 +310,9 @@ def table2_misses(
     ``paper_spread=True`` counts the paper's own sampling error as well, taking it equal to the
     record's: the paper's mean is over other images (its victims are 100 images of the
     training set, drawn at random by the authors' code; this project's records attack images
-    of the test sets, the samples a machine
-    without network has), so the two means differ by the sampling error of both, about √2
-    times the record's alone, and the interval's half-width is widened by √2.
+    of the test sets, the samples a machine without network has), so the two means differ by
+    the sampling error of both, about √2 times the record's alone, and the interval's
+    half-width is widened by √2.
 
     The chapter "Bayes versus heuristics under defenses" states both counts under its record
     table, so that a systematic miss (one attack short of the paper in most cells) shows.
