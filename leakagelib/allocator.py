@@ -10,7 +10,7 @@ becomes a large share of the run. Fig. 2's ATS unit after 10 training steps
 (the chapter "Breaking heuristic defenses": 40 images, 2,000 Inverting
 Gradients iterations) ran 12.7 s an iteration with 28 % of its CPU time in
 the kernel; with mmap switched off, so that freed blocks stay in the heap
-and are reused, it ran 8.2 to 9.0 s with almost none (2026-12-07, this
+and are reused, it ran 8.7 s with almost none (2026-12-07, this
 project's 2-core AMD EPYC, the same unit before and after a resume; README,
 Speed section). Where the tensors are small the gain is small or none (the
 chapters' ci experiments, measured with glibc's thresholds raised instead;
@@ -19,7 +19,7 @@ README, Speed section).
 The setting changes where memory comes from, not what is computed: an
 attack's reconstructions are the same to the last bit with and without it
 (``tests/test_allocator.py``). The heap does not shrink while the process
-lives, so a run holds its peak memory until it ends (5.9 GB against 3.6 GB
+lives, so a run holds its peak memory until it ends (6.3 GB against 3.6 GB
 for that unit). It belongs to a process that runs long attacks, not to a
 library imported into someone else's: ``python -m leakagelib`` applies it
 (``leakagelib/__main__.py``); ``main()`` called in-process (the tests) does not.
