@@ -12,7 +12,7 @@ their updates' noise and the attacks' starting images stay the cell's
 (:func:`.bayes_tables.cell_offsets`), and at paper scale every attack keeps the setting A.3's
 search chose for the cell in the Table 2 record (:func:`.bayes_pool.table2_settings`), so no
 search runs. The Table 2 record's cell is seed 0: with seeds 1 and 2 each cell has three
-networks, and :func:`.bayes_pool_claims.network_cells` reads each attack's mean over them and
+networks, and :func:`.bayes_network_claims.network_cells` reads each attack's mean over them and
 the Bayes attack's paired gain over each heuristic with an interval over networks and victims
 (:func:`.paired.crossed_interval`). At ci scale the ci search tunes each unit on its network.
 

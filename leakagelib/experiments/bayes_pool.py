@@ -131,7 +131,7 @@ def table2_settings(
 
 def table2_sources() -> dict[str, list[dict]]:
     """The Table 2 rows each ``tuned_from`` of a row names (:func:`table2_settings`'s second
-    value), for :func:`.bayes_pool_claims.network_cells` to pair a network's rows with their
+    value), for :func:`.bayes_network_claims.network_cells` to pair a network's rows with their
     cell: ``"re-run"``, the re-run under way, or, once it finished, the record it became;
     ``"record"``, the finished record (whose settings a row tuned from an earlier record no
     longer matches, which ``network_cells`` refuses). The chapter "Bayes versus heuristics

@@ -6,22 +6,21 @@ excess over the paper; :func:`pool_repeats_cell` checks that the whole pool with
 seed repeats the Table 2 cell; :func:`pool_cells` and :func:`pool_cells_text` set the whole
 pool's networks, all seeds together, beside the paper's cells, with an interval that counts
 the networks' spread as well as the images' (:func:`.paired.crossed_interval`);
-:func:`pool_rate_text` reads ``bayes/table2-pool-rate``, the cosine at other rates. The chapter
+:func:`pool_rate_text` reads ``bayes/table2-pool-rate``, the cosine at other rates; and
+:func:`placed` counts where the paper's numbers lie against such intervals (which
+:mod:`.bayes_network_claims` shares). The chapter
 "Bayes versus heuristics under defenses" glues them under its Table 2 record, and
 ``tests/test_bayes_pool.py`` checks them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import numpy as np
+from collections.abc import Sequence
 
 from .paired import PairedGap, crossed_interval, paired_interval
 
 __all__ = [
-    "network_cells",
-    "network_text",
+    "placed",
     "pool_cells",
     "pool_cells_text",
     "pool_gains",
@@ -256,14 +255,14 @@ def pool_cells_text(cells: dict[tuple[str, str], dict]) -> str:
         f"as well as that of the {first.n} victims (`crossed_interval`): "
         + "; ".join(f"{d}: " + ", ".join(parts) for d, parts in per_defense.items())
         + ". "
-        + _placed([(c["psnr"], c["paper"]) for c in cells.values()], "cell")
+        + placed([(c["psnr"], c["paper"]) for c in cells.values()], "cell")
     )
 
 
-def _placed(pairs: Sequence[tuple[PairedGap, float]], what: str) -> str:
+def placed(pairs: Sequence[tuple[PairedGap, float]], what: str) -> str:
     """Where the paper's numbers lie against the intervals of ``pairs`` (interval, paper's
     number), one per ``what``: inside, or below or above an interval (the sentence that ends
-    :func:`pool_cells_text` and :func:`network_text`)."""
+    :func:`pool_cells_text` and :func:`.bayes_network_claims.network_text`)."""
     inside = sum(got.low <= p <= got.high for got, p in pairs)
     higher = sum(got.low > p for got, p in pairs)
     return (
@@ -271,89 +270,3 @@ def _placed(pairs: Sequence[tuple[PairedGap, float]], what: str) -> str:
         f"{higher} lie wholly above it (these networks leak more than the paper's) and "
         f"{len(pairs) - inside - higher} wholly below it."
     )
-
-
-def network_cells(
-    rows: Sequence[dict], table2: Mapping[str, Sequence[dict]], reference: Sequence[dict]
-) -> dict[tuple[str, int, str], dict]:
-    """Per Table 2 cell of a ``bayes/table2-networks`` record (:mod:`.bayes_networks`), its
-    networks together: each attack's mean PSNR and the Bayes attack's paired gain over each
-    heuristic, with :func:`~.paired.crossed_interval` over networks and victims, beside the
-    paper's (``reference``). ``table2`` maps a row's ``tuned_from`` (``"re-run"``,
-    ``"record"``) to that Table 2 record's rows (:func:`.bayes_pool.table2_sources`), whose
-    cell is network seed 0; rows tuned by the ci search (``"search"``) stand alone. Keys:
-    ``"psnr"``, ``"gaps"``, ``"paper"``, ``"paper_gaps"``, ``"seeds"``. A cell is left out
-    until every attack has at least two networks; raises ``ValueError`` where the Table 2
-    record lacks the cell or took another setting than the rows."""
-    paper = {(r["dataset"], r["defense"], r["step"], r["attack"]): r["psnr"] for r in reference}
-    by: dict[tuple[str, int, str], dict[str, dict[int, dict]]] = {}
-    for r in rows:
-        cell = by.setdefault((r["dataset"], r["step"], r["defense"]), {})
-        cell.setdefault(r["attack"], {})[r["seed"]] = r
-    out = {}
-    for (dataset, step, defense), per in by.items():
-        for attack, seeds in per.items():
-            mine = list(seeds.values())
-            if {r["tuned_from"] for r in mine} == {"search"}:
-                continue  # the ci search tuned each network: no Table 2 cell to join
-            cell = _table2_cell(table2, mine[0]["tuned_from"], (dataset, step, defense, attack))
-            if any(r["tuned"] != cell["tuned"] or r["tuned_from"] != mine[0]["tuned_from"]
-                   for r in mine):  # fmt: skip
-                raise ValueError(
-                    f"the networks of ({dataset}, {step}, {defense}) {attack} took other "
-                    "settings than the Table 2 record's cell"
-                )
-            seeds[0] = cell
-        order = sorted(set.intersection(*(set(s) for s in per.values())))
-        if len(order) < 2 or "bayes" not in per:
-            continue
-        psnr = {a: np.array([s[k]["psnr_per_image"] for k in order]) for a, s in per.items()}
-        heuristics = [a for a in psnr if a != "bayes"]
-        bayes = paper[dataset, defense, step, "bayes"]
-        out[dataset, step, defense] = {
-            "psnr": {a: crossed_interval(v) for a, v in psnr.items()},
-            "gaps": {a: crossed_interval(psnr["bayes"] - psnr[a]) for a in heuristics},
-            "paper": {a: paper[dataset, defense, step, a] for a in psnr},
-            "paper_gaps": {a: bayes - paper[dataset, defense, step, a] for a in heuristics},
-            "seeds": tuple(order),
-        }
-    return out
-
-
-def _table2_cell(
-    table2: Mapping[str, Sequence[dict]], source: str, key: tuple[str, int, str, str]
-) -> dict:
-    """The row of (dataset, step, defense, attack) ``key`` in the Table 2 record ``source``
-    names (a key of :func:`network_cells`'s ``table2``); ``ValueError`` where it has none."""
-    for r in table2.get(source, []):
-        if (r["dataset"], r["step"], r["defense"], r["attack"]) == key:
-            return r
-    raise ValueError(f"the Table 2 {source} has no cell {key}")
-
-
-def network_text(cells: dict[tuple[str, int, str], dict], total: int, note: str) -> str:
-    """The chapter's sentences on :func:`network_cells` (of ``total`` cells in the config;
-    ``note``: the record's pending note): under pruning, in how many (cell, heuristic) pairs the
-    Bayes attack's gain over networks and victims lies above zero, beside the paper's; and in
-    how many cells the paper's PSNR lies inside the intervals."""
-    if not cells:
-        return f" The networks record{note} has no cell with two networks yet."
-    seeds = sorted({s for c in cells.values() for s in c["seeds"]})
-    pruned = {k: c for k, c in cells.items() if k[2].startswith("prune")}
-    gaps = [g for c in pruned.values() for g in c["gaps"].values()]
-    text = (
-        f" Over the networks of seeds {', '.join(map(str, seeds))}"
-        + (" (seed 0 the Table 2 record's)" if 0 in seeds else "")
-        + f" in {len(cells)} of the {total} cells of the networks record{note}, with intervals "
-        "over networks and victims (`crossed_interval`):"
-    )
-    if gaps:
-        paper = sum(p > 0 for c in pruned.values() for p in c["paper_gaps"].values())
-        text += (
-            f" under pruning the Bayes attack's gain over a heuristic lies above zero in "
-            f"{sum(g.low > 0 for g in gaps)} of {len(gaps)} (cell, heuristic) pairs, "
-            f"{min(g.mean for g in gaps):+.2f} to {max(g.mean for g in gaps):+.2f} dB (the "
-            f"paper's Bayes is ahead in {paper} of them)."
-        )
-    psnr = [(got, c["paper"][a]) for c in cells.values() for a, got in c["psnr"].items()]
-    return text + " " + _placed(psnr, "(cell, attack)")
