@@ -80,9 +80,15 @@ def fig2_gains(rows: Sequence[dict], fig3_step: int) -> dict[str, PairedGap]:
     per = {(r["defense"], r["step"]): r["psnr_per_image"] for r in rows}
     steps = sorted({r["step"] for r in rows if r["defense"] == "soteria"})
     gains = {"falls": paired_interval(per["soteria", steps[0]], per["soteria", steps[-1]])}
-    for s in (s for s in steps if s <= fig3_step):
+    for s in _early_steps(steps, fig3_step):
         gains[f"beats at step {s}"] = _layer_drop_gain(per, s)
     return gains
+
+
+def _early_steps(steps: Sequence[int], fig3_step: int) -> list[int]:
+    """The Soteria ``steps`` at which the layer-drop attack is compared with the direct one:
+    those up to Fig. 3's ``fig3_step`` (:func:`fig2_gains`, :func:`fig2_record_text`)."""
+    return [s for s in steps if s <= fig3_step]
 
 
 def _layer_drop_gain(per: dict[tuple[str, int], list[float]], step: int) -> PairedGap:
@@ -135,7 +141,7 @@ def fig2_record_text(
         points = ", ".join(f"{psnr[policy, s]:.1f} dB {when[s]}" for s in sorted(when))
         parts.append(f"Inverting Gradients on ATS {policy.removeprefix('ats ')} reaches {points}")
     steps = sorted(s for d, s in psnr if d == "soteria")
-    if steps and steps[0] <= fig3_step:  # as in fig2_gains, up to Fig. 3's step
+    if _early_steps(steps, fig3_step):
         beats = _layer_drop_gain(per, steps[0])
         parts.append(
             f"the layer-drop attack on Soteria reaches {psnr['soteria', steps[0]]:.1f} dB after "
